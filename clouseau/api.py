@@ -1,0 +1,93 @@
+"""The public functions of clouseau; ``clouseau/__init__.py`` re-exports them."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from clouseau.capture import frontend_for
+from clouseau.ir.graph import Graph
+from clouseau.ir.selection import SelectLike
+from clouseau.store import open_sink
+
+DEFAULT_PATH = ".clouseau"
+DEFAULT_PATTERN = "activations-{idx:03d}.safetensors"
+
+
+def trace(model: Any, *args: Any, **kwargs: Any) -> Graph:
+    """Trace ``model`` called on example inputs into the IR.
+
+    Parameters
+    ----------
+    model
+        A ``torch.nn.Module``, a JAX function, or an Equinox module.
+    *args, **kwargs
+        Example inputs; shapes and dtypes of every node come from them.
+
+    Returns
+    -------
+    Graph
+        The IR: ``print(g)`` shows it, ``g.names()`` lists every selectable point.
+    """
+    return frontend_for(model, args).trace(model, *args, **kwargs)
+
+
+def instrument(
+    model: Any,
+    select: SelectLike = "*",
+    path: str | os.PathLike[str] | None = DEFAULT_PATH,
+    max_size_mb: float = 1024,
+    filename_pattern: str = DEFAULT_PATTERN,
+) -> Any:
+    """Compile ``model`` into a drop-in model that saves the selected activations.
+
+    Parameters
+    ----------
+    model
+        A ``torch.nn.Module``, a JAX function, or an Equinox module.
+    select
+        Which points to save: a glob (``"relu*"``, ``"layer1.*"``), a list of globs
+        (``"!glob"`` excludes), a callable ``Point -> bool``, a :class:`Selector`, or
+        ``None`` for nothing. See docs/selection.md.
+    path
+        The capture directory (created; an earlier capture in it is replaced), or
+        ``None`` to keep the activations in memory (``fmodel.captured``).
+    max_size_mb
+        Files roll over at this size; an array is never split.
+    filename_pattern
+        File names, with an ``{idx}`` field numbering the rolled files.
+
+    Returns
+    -------
+    The instrumented model: same calling convention and outputs as ``model``; a context
+    manager whose exit (or ``close()``) flushes everything to ``path``. It traces lazily
+    on the first call per input signature; ``fmodel.trace(*args)`` traces eagerly.
+    """
+    frontend = frontend_for(model)
+    sink = open_sink(path, max_size_mb, filename_pattern)
+    try:
+        return frontend.instrument(model, select=select, sink=sink)
+    except BaseException:
+        sink.close()
+        raise
+
+
+def draw(source: Any, output: str | os.PathLike[str], select: SelectLike = None, **options: Any) -> Any:
+    """Draw a graph, an instrumented model or a capture directory to .pdf/.svg/.png/.dot."""
+    from clouseau.exporters.graphviz import draw as _draw
+
+    return _draw(source, output, select=select, **options)
+
+
+def export_onnx(model: Any, example_args: Any, output: str | os.PathLike[str], select: SelectLike = None, **options: Any) -> Any:
+    """Export ``model`` to ONNX with the selected activations as extra named outputs."""
+    from clouseau.exporters.onnx import export_onnx as _export
+
+    return _export(model, example_args, output, select=select, **options)
+
+
+def diff(a: Any, b: Any, **options: Any) -> Any:
+    """Compare two captures point by point; see ``clouseau diff --help``."""
+    from clouseau.store.diff import diff as _diff
+
+    return _diff(a, b, **options)

@@ -1,0 +1,313 @@
+"""The framework-neutral graph: values, nodes, modules and the points a user can select.
+
+A :class:`Graph` is an immutable, topologically ordered tuple of :class:`Node`. Each node
+produces zero or more values; a value is addressed by a :class:`Ref` (node name, output
+index). A *point* is a tensor value with a name a user can type: the node's name (with
+``:i`` appended for the i-th output of a multi-output node) and any aliases, such as the
+module path of the module whose output the value is.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+AttrValue = str | int | float | bool | None | tuple["AttrValue", ...]
+
+
+class DType(enum.Enum):
+    """Element types, spelled as numpy spells them (``bfloat16`` via ml_dtypes)."""
+
+    BOOL = "bool"
+    UINT8 = "uint8"
+    UINT16 = "uint16"
+    UINT32 = "uint32"
+    UINT64 = "uint64"
+    INT8 = "int8"
+    INT16 = "int16"
+    INT32 = "int32"
+    INT64 = "int64"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+    FLOAT32 = "float32"
+    FLOAT64 = "float64"
+    COMPLEX64 = "complex64"
+    COMPLEX128 = "complex128"
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self]
+
+    @property
+    def short(self) -> str:
+        """Compact spelling used by the printer: ``f32``, ``bf16``, ``i64``."""
+        return _SHORT[self]
+
+
+_ITEMSIZE = {
+    DType.BOOL: 1, DType.UINT8: 1, DType.INT8: 1, DType.UINT16: 2, DType.INT16: 2,
+    DType.FLOAT16: 2, DType.BFLOAT16: 2, DType.UINT32: 4, DType.INT32: 4, DType.FLOAT32: 4,
+    DType.UINT64: 8, DType.INT64: 8, DType.FLOAT64: 8, DType.COMPLEX64: 8, DType.COMPLEX128: 16,
+}  # fmt: skip
+_SHORT = {
+    DType.BOOL: "b1", DType.UINT8: "u8", DType.UINT16: "u16", DType.UINT32: "u32",
+    DType.UINT64: "u64", DType.INT8: "i8", DType.INT16: "i16", DType.INT32: "i32",
+    DType.INT64: "i64", DType.FLOAT16: "f16", DType.BFLOAT16: "bf16", DType.FLOAT32: "f32",
+    DType.FLOAT64: "f64", DType.COMPLEX64: "c64", DType.COMPLEX128: "c128",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and element type of a tensor value."""
+
+    shape: tuple[int, ...]
+    dtype: DType
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    def __str__(self) -> str:
+        return f"{self.dtype.short}[{','.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True)
+class OpaqueSpec:
+    """A value that is not a tensor (an int from ``x.size(0)``, a tuple, None)."""
+
+    type_name: str
+
+    def __str__(self) -> str:
+        return self.type_name
+
+
+Spec = TensorSpec | OpaqueSpec
+
+
+class NodeKind(enum.Enum):
+    INPUT = "input"
+    CONSTANT = "constant"  # a parameter, buffer or literal read by the graph
+    OP = "op"  # a call of a function, method or leaf module
+    SAVE = "save"  # inserted by passes.insert_saves: write the input value to the capture
+    OUTPUT = "output"
+
+
+class Frontend(enum.Enum):
+    TORCH_FX = "torch.fx"
+    TORCH_EXPORT = "torch.export"
+    JAX = "jax"
+
+
+@dataclass(frozen=True)
+class Ref:
+    """Output ``index`` of the node called ``node``."""
+
+    node: str
+    index: int = 0
+
+    def __str__(self) -> str:
+        return f"%{self.node}" if self.index == 0 else f"%{self.node}:{self.index}"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where in the user's code a node was created."""
+
+    file: str
+    line: int
+    function: str = ""
+    code: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.file.rsplit('/', 1)[-1]}:{self.line}"
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """A module (PyTorch submodule, Equinox/pytree node) of the traced model."""
+
+    path: str  # dotted path, "" for the root
+    type: str  # class name, e.g. "BasicBlock"
+    params: int = 0  # parameters held by the module and its children
+
+
+@dataclass(frozen=True)
+class Node:
+    """One operation of the graph.
+
+    ``name`` is the node's point name (unique in the graph). ``aliases`` are extra point
+    names for one of its outputs, as ``(output index, name)``; module outputs are aliases.
+    ``key`` is the frontend's own id for the node (the fx node name, a jaxpr equation
+    path), used only by the frontend that made it.
+    """
+
+    name: str
+    kind: NodeKind
+    op: str
+    inputs: tuple[Ref, ...] = ()
+    outputs: tuple[Spec, ...] = ()
+    module: str = ""
+    module_type: str = ""
+    target: str = ""
+    source: Source | None = None
+    aliases: tuple[tuple[int, str], ...] = ()
+    attrs: tuple[tuple[str, AttrValue], ...] = ()
+    subgraphs: tuple[Graph, ...] = ()
+    key: str = ""
+
+    def attr(self, name: str, default: AttrValue = None) -> AttrValue:
+        for k, v in self.attrs:
+            if k == name:
+                return v
+        return default
+
+    def output_name(self, index: int) -> str:
+        """Point name of output ``index``: the node name, with ``:i`` on multi-output nodes."""
+        return self.name if len(self.outputs) == 1 else f"{self.name}:{index}"
+
+
+@dataclass(frozen=True)
+class Point:
+    """A selectable tensor value: what ``select`` matches and what a capture stores."""
+
+    name: str
+    ref: Ref
+    node: Node
+    is_alias: bool = False
+
+    @property
+    def spec(self) -> TensorSpec:
+        spec = self.node.outputs[self.ref.index]
+        assert isinstance(spec, TensorSpec)
+        return spec
+
+    @property
+    def op(self) -> str:
+        return self.node.op
+
+    @property
+    def module(self) -> str:
+        return self.node.module
+
+    @property
+    def module_type(self) -> str:
+        return self.node.module_type
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.spec.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.spec.dtype
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A traced model: nodes in execution order, the modules they belong to, and meta data."""
+
+    nodes: tuple[Node, ...]
+    name: str = ""
+    frontend: Frontend = Frontend.TORCH_FX
+    modules: tuple[ModuleInfo, ...] = ()
+    meta: tuple[tuple[str, AttrValue], ...] = field(default=())
+
+    @cached_property
+    def _by_name(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
+    def node(self, name: str) -> Node:
+        """The node called ``name``; KeyError with close names when there is none."""
+        try:
+            return self._by_name[name]
+        except KeyError:
+            from clouseau.ir.selection import closest
+
+            raise KeyError(f"no node {name!r} in the graph; closest: {closest(name, self._by_name)}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @cached_property
+    def points(self) -> tuple[Point, ...]:
+        """Every selectable tensor value, in execution order; aliases follow their node."""
+        found: list[Point] = []
+        for node in self.nodes:
+            if node.kind in (NodeKind.SAVE, NodeKind.OUTPUT):
+                continue
+            for i, spec in enumerate(node.outputs):
+                if isinstance(spec, TensorSpec):
+                    found.append(Point(node.output_name(i), Ref(node.name, i), node))
+            for i, alias in node.aliases:
+                if isinstance(node.outputs[i], TensorSpec):
+                    found.append(Point(alias, Ref(node.name, i), node, is_alias=True))
+        return tuple(found)
+
+    def names(self) -> tuple[str, ...]:
+        """Every selectable point name, in execution order."""
+        return tuple(p.name for p in self.points)
+
+    @cached_property
+    def _points_by_name(self) -> dict[str, Point]:
+        return {p.name: p for p in self.points}
+
+    def point(self, name: str) -> Point:
+        try:
+            return self._points_by_name[name]
+        except KeyError:
+            from clouseau.ir.selection import closest
+
+            raise KeyError(f"no point {name!r}; closest: {closest(name, self._points_by_name)}") from None
+
+    def module(self, path: str) -> ModuleInfo | None:
+        return next((m for m in self.modules if m.path == path), None)
+
+    @property
+    def inputs(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.kind is NodeKind.INPUT)
+
+    @property
+    def output(self) -> Node | None:
+        return next((n for n in self.nodes if n.kind is NodeKind.OUTPUT), None)
+
+    @property
+    def saves(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.kind is NodeKind.SAVE)
+
+    def meta_value(self, key: str, default: AttrValue = None) -> AttrValue:
+        return dict(self.meta).get(key, default)
+
+    def with_nodes(self, nodes: tuple[Node, ...]) -> Graph:
+        return replace(self, nodes=nodes)
+
+    def __str__(self) -> str:
+        from clouseau.ir.printer import format_graph
+
+        return format_graph(self)
+
+    def to_json(self) -> dict:
+        from clouseau.ir.serialize import graph_to_json
+
+        return graph_to_json(self)
+
+    @staticmethod
+    def from_json(data: dict) -> Graph:
+        from clouseau.ir.serialize import graph_from_json
+
+        return graph_from_json(data)

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One entry point for developers and CI. Every command sets up what it needs first:
+# a virtual environment in .venv with the pinned packages of constraints.txt, and the
+# graphviz `dot` binary (through apt-get where it is missing).
+#
+#   ./dev.sh demo     set up, then run examples/quickstart_torch.py
+#   ./dev.sh test     set up, then run the whole test suite (extra args go to pytest)
+#   ./dev.sh bench    set up, then run the benchmarks and write bench/RESULTS.md
+#   ./dev.sh lint     set up, then ruff format --check and ruff check
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+
+setup_dot() {
+  command -v dot >/dev/null 2>&1 && return 0
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "==> installing graphviz (the dot binary) with apt-get"
+    local sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq graphviz >/dev/null
+  else
+    echo "warning: graphviz's dot binary is missing; install it (brew install graphviz) to render drawings" >&2
+  fi
+}
+
+setup_venv() {
+  local stamp="$VENV/.clouseau-installed"
+  if [ ! -x "$VENV/bin/python" ]; then
+    echo "==> creating $VENV with $($PYTHON --version)"
+    "$PYTHON" -m venv "$VENV"
+  fi
+  # Reinstall only when the pins or the package metadata changed.
+  if [ ! -f "$stamp" ] || [ constraints.txt -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    echo "==> installing clouseau[dev] with the pins of constraints.txt"
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    "$VENV/bin/python" -m pip install -q -c constraints.txt -e '.[dev]'
+    touch "$stamp"
+  fi
+}
+
+setup() { setup_dot; setup_venv; }
+
+cmd=${1:-help}
+shift || true
+case "$cmd" in
+  setup) setup ;;
+  demo) setup; "$VENV/bin/python" examples/quickstart_torch.py "$@" ;;
+  test) setup; "$VENV/bin/python" -m pytest -q "$@" ;;
+  bench) setup; "$VENV/bin/python" -m bench "$@" ;;
+  lint) setup; "$VENV/bin/ruff" format --check . && "$VENV/bin/ruff" check . ;;
+  *) sed -n '2,12p' "$0"; exit 2 ;;
+esac
