@@ -6,16 +6,45 @@ import os
 
 from clouseau.store.capture import AmbiguousPointError, Capture, Record
 from clouseau.store.reader import load
-from clouseau.store.writer import DirectorySink, MemorySink
+from clouseau.store.writer import DEFAULT_PATTERN, DirectorySink, MemorySink
 
 
 def open_sink(
-    path: str | os.PathLike[str] | None, max_size_mb: float, filename_pattern: str
+    path: str | os.PathLike[str] | None,
+    max_size_mb: float = 1024,
+    filename_pattern: str = DEFAULT_PATTERN,
 ) -> DirectorySink | MemorySink:
-    """A sink writing to the directory ``path``, or an in-memory one when ``path`` is None."""
+    """The sink an instrumented model writes to.
+
+    Parameters
+    ----------
+    path
+        The capture directory (see :class:`DirectorySink`), or None to keep everything
+        in memory (:class:`MemorySink`).
+    max_size_mb, filename_pattern
+        As for :class:`DirectorySink`; checked even when ``path`` is None, so that a bad
+        argument fails the same way whatever the path.
+
+    Returns
+    -------
+    DirectorySink or MemorySink
+    """
     if path is None:
+        # Validate anyway: a typo must not pass silently until the day path is set.
+        from clouseau.store.writer import _check_pattern, _max_bytes
+
+        _max_bytes(max_size_mb)
+        _check_pattern(filename_pattern)
         return MemorySink()
     return DirectorySink(path, max_size_mb=max_size_mb, filename_pattern=filename_pattern)
 
 
-__all__ = ["AmbiguousPointError", "Capture", "DirectorySink", "MemorySink", "Record", "load", "open_sink"]
+__all__ = [
+    "AmbiguousPointError",
+    "Capture",
+    "DirectorySink",
+    "MemorySink",
+    "Record",
+    "load",
+    "open_sink",
+]

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
-from clouseau.ir.errors import ClouseauError
+from clouseau.ir.errors import CaptureError, ClouseauError
 from clouseau.ir.graph import Graph
 from clouseau.ir.selection import closest
 
@@ -36,12 +38,43 @@ class Record:
         return self.names[0]
 
     def to_json(self) -> list[Any]:
-        return [self.key, list(self.names), self.node, self.call, self.order, self.graph, list(self.index)]
+        return [
+            self.key,
+            list(self.names),
+            self.node,
+            self.call,
+            self.order,
+            self.graph,
+            list(self.index),
+        ]
 
     @staticmethod
-    def from_json(item: list[Any]) -> Record:
+    def from_json(item: object) -> Record:
+        """The record ``to_json`` wrote; ValueError if ``item`` is not one."""
+        if not (isinstance(item, list) and len(item) == 7):
+            raise ValueError(f"a record is a list of 7 fields, not {_short(item)}")
         key, names, node, call, order, graph, index = item
-        return Record(str(key), tuple(map(str, names)), str(node), int(call), int(order), int(graph), tuple(map(int, index)))
+        if not (
+            isinstance(key, str)
+            and isinstance(node, str)
+            and isinstance(names, list)
+            and names
+            and all(isinstance(n, str) for n in names)
+            and all(_is_count(v) for v in (call, order, graph))
+            and isinstance(index, list)
+            and all(_is_count(i) for i in index)
+        ):
+            raise ValueError(f"malformed record {_short(item)}")
+        return Record(key, tuple(names), node, call, order, graph, tuple(index))
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def tensor_key(name: str, call: int, index: tuple[int, ...]) -> str:
@@ -49,19 +82,30 @@ def tensor_key(name: str, call: int, index: tuple[int, ...]) -> str:
     return f"{name}#{call}" + "".join(f"@{i}" for i in index)
 
 
-def encode_records(records: list[Record]) -> str:
-    return json.dumps([r.to_json() for r in records], separators=(",", ":"))
+def encode_record(record: Record) -> str:
+    """One record as it appears in the ``clouseau`` metadata list (``to_json`` as JSON)."""
+    # Spelled out rather than json.dumps(record.to_json()): twice as fast, and put() runs
+    # this once per saved array. Strings go through json's own escaping.
+    names = ",".join(map(encode_basestring_ascii, record.names))
+    index = ",".join(map(str, record.index))
+    return (
+        f"[{encode_basestring_ascii(record.key)},[{names}],{encode_basestring_ascii(record.node)},"
+        f"{record.call},{record.order},{record.graph},[{index}]]"
+    )
 
 
 class AmbiguousPointError(ClouseauError, KeyError):
     """A name was captured in several calls; ``cap.get(name, call=k)`` says which one."""
 
     def __str__(self) -> str:
+        # KeyError would show the repr of the message, quotes and escapes included.
         return str(self.args[0])
 
 
 @dataclass(frozen=True)
 class Entry:
+    """One saved array: its record and how to read it (lazily, from a file or memory)."""
+
     record: Record
     load: Callable[[], np.ndarray]
 
@@ -70,8 +114,17 @@ class Capture(Mapping[str, np.ndarray]):
     """The activations of one capture, by point name.
 
     ``cap[name]`` is the array of a name captured in a single call (stacked over loop
-    iterations when captured inside ``scan``); ``cap.get(name, call=k)`` picks a call.
-    Iteration follows execution order. ``cap.graph`` is the traced IR.
+    iterations when captured inside ``scan``); ``cap.get(name, call=k)`` picks a call and
+    ``cap.all_calls(name)`` returns one array per call. Iteration follows execution order.
+
+    Attributes
+    ----------
+    graphs : tuple of Graph
+        The IR of every traced input signature, by graph id; ``graph`` is the first.
+    failed_calls : Mapping of int to str
+        The calls that raised, with the error; what they saved before is kept.
+    path : Path or None
+        The capture directory, None for an in-memory capture.
     """
 
     def __init__(
@@ -81,9 +134,11 @@ class Capture(Mapping[str, np.ndarray]):
         failed_calls: Mapping[int, str] | None = None,
         path: Path | None = None,
     ) -> None:
-        self._entries = tuple(sorted(entries, key=lambda e: (e.record.call, e.record.order, e.record.index)))
-        self.graphs = graphs
-        self.failed_calls: dict[int, str] = dict(failed_calls or {})
+        self._entries = tuple(
+            sorted(entries, key=lambda e: (e.record.call, e.record.order, e.record.index))
+        )
+        self.graphs = tuple(graphs)
+        self.failed_calls: Mapping[int, str] = MappingProxyType(dict(failed_calls or {}))
         self.path = path
         self._by_name: dict[str, list[Entry]] = {}
         for entry in self._entries:
@@ -97,6 +152,7 @@ class Capture(Mapping[str, np.ndarray]):
 
     @property
     def records(self) -> tuple[Record, ...]:
+        """Every saved array's record, in execution order (call, then order in the call)."""
         return tuple(e.record for e in self._entries)
 
     @property
@@ -105,7 +161,7 @@ class Capture(Mapping[str, np.ndarray]):
         return tuple(sorted({e.record.call for e in self._entries}))
 
     def names(self) -> tuple[str, ...]:
-        """Every captured point name, in execution order."""
+        """Every captured point name, in execution order (first call first)."""
         return tuple(self._by_name)
 
     def __iter__(self) -> Iterator[str]:
@@ -118,38 +174,71 @@ class Capture(Mapping[str, np.ndarray]):
         return name in self._by_name
 
     def __getitem__(self, name: str) -> np.ndarray:
+        """The array of ``name``; AmbiguousPointError if it was captured in several calls."""
+        return _stack(self._single_call(name, self._entries_for(name)))
+
+    def get(  # type: ignore[override]
+        self,
+        name: str,
+        default: Any = None,
+        *,
+        call: int | None = None,
+        index: int | tuple[int, ...] | None = None,
+    ) -> Any:
+        """The array of ``name``, or ``default`` when there is none.
+
+        Parameters
+        ----------
+        name
+            A point name, as ``names()`` lists them.
+        default
+            Returned when ``name`` (in ``call``, at ``index``) was not captured.
+        call
+            The call index (``calls`` lists them); required when ``name`` was captured in
+            several calls, else AmbiguousPointError.
+        index
+            The loop iteration (an int, or a tuple for nested loops) of a value saved inside
+            ``scan``; without it such values come stacked.
+
+        Returns
+        -------
+        numpy.ndarray or default
+        """
+        entries = self._by_name.get(name, [])
+        if call is None:
+            entries = self._single_call(name, entries)
+        else:
+            entries = [e for e in entries if e.record.call == call]
+        if index is not None:
+            wanted = (index,) if isinstance(index, int) else tuple(index)
+            entries = [e for e in entries if e.record.index == wanted]
+            if len(entries) == 1:
+                return entries[0].load()
+        return _stack(entries) if entries else default
+
+    def all_calls(self, name: str) -> list[np.ndarray]:
+        """The arrays of ``name``, one per call that captured it, in call order."""
         entries = self._entries_for(name)
+        calls = sorted({e.record.call for e in entries})
+        return [_stack([e for e in entries if e.record.call == c]) for c in calls]
+
+    def _single_call(self, name: str, entries: list[Entry]) -> list[Entry]:
         calls = {e.record.call for e in entries}
         if len(calls) > 1:
             raise AmbiguousPointError(
                 f"{name!r} was captured in {len(calls)} calls ({_span(calls)}); "
-                f"pick one with cap.get({name!r}, call=k)"
+                f"pick one with cap.get({name!r}, call=k), or take them all with "
+                f"cap.all_calls({name!r})"
             )
-        return _stack(entries)
-
-    def get(  # type: ignore[override]
-        self, name: str, default: Any = None, *, call: int | None = None, index: tuple[int, ...] | None = None
-    ) -> Any:
-        """The array of ``name`` in ``call`` (and loop ``index``); ``default`` if absent."""
-        if name not in self._by_name:
-            return default
-        if call is None:
-            return self[name]
-        entries = [e for e in self._by_name[name] if e.record.call == call]
-        if index is not None:
-            entries = [e for e in entries if e.record.index == tuple(index)]
-        return _stack(entries) if entries else default
-
-    def all_calls(self, name: str) -> list[np.ndarray]:
-        """The arrays of ``name``, one per call, in call order."""
-        entries = self._entries_for(name)
-        return [_stack([e for e in entries if e.record.call == c]) for c in sorted({e.record.call for e in entries})]
+        return entries
 
     def _entries_for(self, name: str) -> list[Entry]:
         try:
             return self._by_name[name]
         except KeyError:
-            raise KeyError(f"{name!r} is not in this capture; closest: {closest(name, self._by_name)}") from None
+            raise KeyError(
+                f"{name!r} is not in this capture; closest: {closest(name, self._by_name)}"
+            ) from None
 
     def __repr__(self) -> str:
         where = f" at {self.path}" if self.path else ""
@@ -157,9 +246,25 @@ class Capture(Mapping[str, np.ndarray]):
 
 
 def _stack(entries: list[Entry]) -> np.ndarray:
+    # Values saved inside loops are stacked in iteration order; nested loops (an index of
+    # several ints) that cover a full grid become one axis per loop, as scan would stack.
     if len(entries) == 1 and not entries[0].record.index:
         return entries[0].load()
-    return np.stack([e.load() for e in sorted(entries, key=lambda e: e.record.index)])
+    ordered = sorted(entries, key=lambda e: e.record.index)
+    try:
+        stacked = np.stack([e.load() for e in ordered])
+    except ValueError as err:
+        raise CaptureError(
+            f"{ordered[0].record.name!r} was saved {len(ordered)} times in one call with "
+            f"different shapes ({err}); read them one by one with cap.get(..., index=i)"
+        ) from None
+    indices = [e.record.index for e in ordered]
+    depth = len(indices[0])
+    if depth > 1 and all(len(i) == depth for i in indices):
+        grid = tuple(max(i[d] for i in indices) + 1 for d in range(depth))
+        if len(set(indices)) == len(indices) == math.prod(grid):
+            return stacked.reshape(grid + stacked.shape[1:])
+    return stacked
 
 
 def _span(calls: set[int]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from functools import partial
 from pathlib import Path
 
@@ -12,8 +13,11 @@ from clouseau.store.capture import Capture, Entry, Record
 from clouseau.store.safetensors_io import TensorEntry, read_array, read_header
 from clouseau.store.writer import FORMAT, GRAPH_PATTERN, STATUS_FILE
 
+# What parsing damaged JSON into the IR may raise; each becomes a CaptureError.
+_PARSE_ERRORS = (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError)
 
-def load(path: str | Path) -> Capture:
+
+def load(path: str | os.PathLike[str]) -> Capture:
     """Load a capture written by an instrumented model.
 
     Parameters
@@ -24,23 +28,37 @@ def load(path: str | Path) -> Capture:
     Returns
     -------
     Capture
-        A Mapping of point name -> numpy array (arrays are read lazily), with ``calls``,
-        ``graph`` and ``failed_calls``.
+        A Mapping of point name -> numpy array (arrays are read lazily, on access), with
+        ``calls``, ``graph``, ``graphs`` and ``failed_calls``.
+
+    Raises
+    ------
+    CaptureError
+        ``path`` does not exist, is not a capture, or holds a damaged file (the message
+        names the file and what is wrong with it).
     """
     path = Path(path)
     if path.is_file():
         return _load_files(path.parent, (path,))
     if not path.is_dir():
-        raise CaptureError(f"{path} does not exist; pass the directory given to clouseau.instrument(path=...)")
-    files = tuple(sorted(f for f in path.glob("*.safetensors") if not f.name.startswith(".")))
-    capture_files = tuple(f for f in files if is_capture_file(f, strict=True))
-    if not capture_files and not (path / STATUS_FILE).exists():
         raise CaptureError(
-            f"{path} is not a clouseau capture: it has no .safetensors files written by clouseau "
-            f"({len(files)} other .safetensors file(s)) and no {STATUS_FILE}. Point load() at the "
-            "directory given to clouseau.instrument(path=...)."
+            f"{path} does not exist; pass the directory given to clouseau.instrument(path=...)"
         )
-    return _load_files(path, capture_files)
+    # Regular files only: opening a FIFO named *.safetensors would block forever.
+    # Hidden files are the temporary files of a writer (never complete ones).
+    files = sorted(
+        f for f in path.glob("*.safetensors") if f.is_file() and not f.name.startswith(".")
+    )
+    headers = [(f, *read_header(f)) for f in files]
+    ours = tuple((f, m, t) for f, m, t in headers if m.get("format") == FORMAT)
+    if not ours and not (path / STATUS_FILE).is_file():
+        raise CaptureError(
+            f"{path} is not a clouseau capture: it has no .safetensors files written by "
+            f"clouseau ({len(files)} other .safetensors file(s)) and no {STATUS_FILE}. Point "
+            "load() at the directory given to clouseau.instrument(path=...)."
+        )
+    entries = [entry for file, meta, tensors in ours for entry in _entries(file, meta, tensors)]
+    return Capture(tuple(entries), _graphs(path), _failed_calls(path), path)
 
 
 def is_capture_file(file: Path, *, strict: bool = False) -> bool:
@@ -62,34 +80,48 @@ def _load_files(directory: Path, files: tuple[Path, ...]) -> Capture:
     for file in files:
         metadata, tensors = read_header(file)
         if metadata.get("format") != FORMAT:
-            raise CaptureError(f"{file} was not written by clouseau (no clouseau metadata); read it with safetensors")
-        by_key = {t.key: t for t in tensors}
-        for record in _records(file, metadata):
-            tensor = by_key.get(record.key)
-            if tensor is None:
-                raise CaptureError(f"{file}: the metadata lists {record.key!r} but the file does not hold it")
-            entries.append(Entry(record, partial(_read, file, tensor)))
+            raise CaptureError(
+                f"{file} was not written by clouseau (no clouseau metadata); "
+                "read it with safetensors"
+            )
+        entries.extend(_entries(file, metadata, tensors))
     return Capture(tuple(entries), _graphs(directory), _failed_calls(directory), directory)
 
 
-def _read(file: Path, tensor: TensorEntry):  # noqa: ANN202
-    return read_array(file, tensor)
+def _entries(file: Path, metadata: dict[str, str], tensors: tuple[TensorEntry, ...]) -> list[Entry]:
+    by_key = {t.key: t for t in tensors}
+    entries = []
+    for record in _records(file, metadata):
+        tensor = by_key.get(record.key)
+        if tensor is None:
+            raise CaptureError(
+                f"{file}: the metadata lists {record.key!r} but the file does not hold it"
+            )
+        entries.append(Entry(record, partial(read_array, file, tensor)))
+    return entries
 
 
 def _records(file: Path, metadata: dict[str, str]) -> list[Record]:
     try:
-        return [Record.from_json(item) for item in json.loads(metadata["clouseau"])]
-    except (KeyError, ValueError, TypeError) as err:
-        raise CaptureError(f"{file}: the clouseau metadata is damaged ({type(err).__name__}: {err})") from None
+        items = json.loads(metadata["clouseau"])
+        if not isinstance(items, list):
+            raise TypeError("the record list is not a JSON list")
+        return [Record.from_json(item) for item in items]
+    except (KeyError, ValueError, TypeError, RecursionError) as err:
+        raise CaptureError(
+            f"{file}: the clouseau metadata is damaged ({type(err).__name__}: {err})"
+        ) from None
 
 
 def _graphs(directory: Path) -> tuple[Graph, ...]:
     graphs = []
     index = 0
-    while (file := directory / GRAPH_PATTERN.format(index)).exists():
+    while (file := directory / GRAPH_PATTERN.format(index)).is_file():
         try:
             graphs.append(Graph.from_json(json.loads(file.read_text())))
-        except (ValueError, KeyError, TypeError) as err:
+        except OSError as err:
+            raise CaptureError(f"cannot read {file}: {err.strerror or err}") from None
+        except _PARSE_ERRORS as err:
             raise CaptureError(f"{file} is damaged ({type(err).__name__}: {err})") from None
         index += 1
     return tuple(graphs)
@@ -97,10 +129,12 @@ def _graphs(directory: Path) -> tuple[Graph, ...]:
 
 def _failed_calls(directory: Path) -> dict[int, str]:
     file = directory / STATUS_FILE
-    if not file.exists():
+    if not file.is_file():
         return {}
     try:
         status = json.loads(file.read_text())
         return {int(k): str(v) for k, v in status.get("failed_calls", {}).items()}
-    except (ValueError, AttributeError, TypeError) as err:
+    except OSError as err:
+        raise CaptureError(f"cannot read {file}: {err.strerror or err}") from None
+    except _PARSE_ERRORS as err:
         raise CaptureError(f"{file} is damaged ({type(err).__name__}: {err})") from None

@@ -4,16 +4,19 @@ The format is 8 bytes of little-endian header length, a JSON header mapping each
 key to ``{"dtype", "shape", "data_offsets"}`` (plus ``__metadata__``: str -> str), then the
 raw bytes. Owning both sides lets the writer stream arrays without a copy and lets the
 reader validate every field, so a damaged file raises :class:`CaptureError`, never a crash.
-Files interoperate with the ``safetensors`` package (tested).
+Files interoperate with the ``safetensors`` package (tested both ways).
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
 
 import ml_dtypes
@@ -29,6 +32,8 @@ _TO_NUMPY: dict[str, np.dtype] = {
     "I16": np.dtype(np.int16),
     "F16": np.dtype(np.float16),
     "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
     "U32": np.dtype(np.uint32),
     "I32": np.dtype(np.int32),
     "F32": np.dtype(np.float32),
@@ -39,6 +44,9 @@ _TO_NUMPY: dict[str, np.dtype] = {
 }
 _FROM_NUMPY = {v: k for k, v in _TO_NUMPY.items()}
 _MAX_HEADER = 100 * 2**20  # the safetensors package's own limit
+_MAX_NDIM = 32  # numpy 1.x's limit; no activation comes near it
+# What the JSON header of a tensor costs beyond its key, dtype code, shape and offsets.
+_ENTRY_COST = len(',:{"dtype":"","shape":[],"data_offsets":[,]}')
 
 
 @dataclass(frozen=True)
@@ -53,22 +61,59 @@ class TensorEntry:
 
 
 def dtype_code(dtype: np.dtype) -> str:
+    """The safetensors code of ``dtype`` (either byte order); CaptureError if it has none."""
+    dtype = np.dtype(dtype)
     try:
-        return _FROM_NUMPY[np.dtype(dtype)]
-    except KeyError:
+        return _FROM_NUMPY[dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype]
+    except (KeyError, ValueError):
         raise CaptureError(
             f"cannot store dtype {dtype}: safetensors holds bool, (u)int8-64, float16, "
-            "bfloat16, float32, float64 and complex64"
+            "bfloat16, float8 (e4m3fn, e5m2), float32, float64 and complex64"
         ) from None
 
 
-def write_file(path: Path, arrays: Sequence[tuple[str, np.ndarray]], metadata: dict[str, str]) -> int:
-    """Write ``arrays`` to ``path`` atomically (temporary name, then rename); return bytes written."""
+def storable(array: np.ndarray) -> np.ndarray:
+    """``array`` as the file holds it: little-endian and C-contiguous (copied only if not)."""
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    # np.ascontiguousarray would turn a 0-d array into shape (1,); asarray keeps it 0-d.
+    return np.asarray(array, order="C")
+
+
+def entry_cost(key: str, dtype: np.dtype, shape: tuple[int, ...], max_offset: int) -> int:
+    """An upper bound on the header bytes of one tensor, in a file whose data section is
+    at most ``max_offset`` bytes long (the offsets are then at most that many digits)."""
+    digits = 2 * len(str(max_offset))
+    code = dtype_code(dtype)
+    return (
+        len(encode_basestring_ascii(key))
+        + len(code)
+        + len(",".join(map(str, shape)))
+        + digits
+        + _ENTRY_COST
+    )
+
+
+def header_overhead(metadata: dict[str, str]) -> int:
+    """The bytes of a file that do not depend on its tensors: length, metadata, padding."""
+    return 8 + len(json.dumps({"__metadata__": metadata}, separators=(",", ":"))) + 8
+
+
+def write_file(
+    path: Path, arrays: Sequence[tuple[str, np.ndarray]], metadata: dict[str, str]
+) -> int:
+    """Write ``arrays`` to ``path`` atomically; return the bytes written.
+
+    The file is written under a hidden temporary name (``.<name>.<pid>.tmp``) and renamed
+    when complete, so ``path`` never holds a partial file: on any error, KeyboardInterrupt
+    included, the temporary file is removed and the error propagates (an OSError becomes
+    a CaptureError naming the file and the fix).
+    """
     header: dict[str, object] = {"__metadata__": metadata}
     offset = 0
     contiguous = []
     for key, array in arrays:
-        array = np.ascontiguousarray(array)
+        array = storable(array)
         header[key] = {
             "dtype": dtype_code(array.dtype),
             "shape": list(array.shape),
@@ -85,72 +130,154 @@ def write_file(path: Path, arrays: Sequence[tuple[str, np.ndarray]], metadata: d
             f.write(raw)
             for array in contiguous:
                 if array.nbytes:
+                    # A uint8 view of the array's own memory: written without a copy.
                     f.write(memoryview(array.reshape(-1).view(np.uint8)))
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and not isinstance(err, CaptureError):
+            raise CaptureError(_write_error(path, err)) from err
         raise
     return 8 + len(raw) + offset
 
 
+def _write_error(path: Path, err: OSError) -> str:
+    fix = {
+        errno.ENOSPC: "the disk is full: free space, or pick another path",
+        errno.EDQUOT: "the disk quota is exhausted: free space, or pick another path",
+        errno.EFBIG: "the file is larger than the file system or `ulimit -f` allows: "
+        "lower max_size_mb, or raise the limit",
+        errno.EACCES: "permission denied: pick a writable path",
+        errno.EROFS: "the file system is read-only: pick a writable path",
+    }.get(err.errno or 0, "check the path and the disk")
+    return f"cannot write {path}: {err.strerror or err}; {fix}"
+
+
 def read_header(path: Path) -> tuple[dict[str, str], tuple[TensorEntry, ...]]:
-    """Parse and validate the header of ``path``: (metadata, entries in file order)."""
+    """Parse and validate the header of ``path``: (metadata, entries in file order).
+
+    Every field is checked as the ``safetensors`` package checks it (known dtype, shape of
+    non-negative ints, offsets that tile the data section exactly), so a truncated or
+    edited file raises :class:`CaptureError` here rather than anything later.
+    """
     try:
-        size = path.stat().st_size
         with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
                 raise _bad(path, f"the file is {size} bytes long, too short for a header")
             (length,) = struct.unpack("<Q", head)
             if length > min(_MAX_HEADER, size - 8):
-                raise _bad(path, f"the header claims {length} bytes but the file has {size - 8} after it (truncated or not safetensors)")
+                raise _bad(
+                    path,
+                    f"the header claims {length} bytes but the file has {size - 8} after "
+                    "it (truncated, or not safetensors)",
+                )
             raw = f.read(length)
     except OSError as err:
+        if isinstance(err, CaptureError):
+            raise
         raise CaptureError(f"cannot read {path}: {err.strerror or err}") from err
+    if len(raw) != length:
+        raise _bad(path, "the file changed while it was read")
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        raise _bad(path, f"the header is not valid JSON ({err})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        # ValueError also covers ints too long to parse, beside JSONDecodeError.
+        raise _bad(path, f"the header is not valid JSON ({_short(err)})") from None
     if not isinstance(header, dict):
         raise _bad(path, "the header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
+    metadata = header.pop("__metadata__", None)
+    metadata = {} if metadata is None else metadata
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise _bad(path, "__metadata__ must map strings to strings")
     data_start = 8 + length
-    entries = tuple(_entry(path, key, value, data_start, size) for key, value in header.items())
-    return metadata, tuple(sorted(entries, key=lambda e: e.start))
+    entries = sorted(
+        (_entry(path, key, value, data_start) for key, value in header.items()),
+        key=lambda e: (e.start, e.stop),
+    )
+    end = data_start
+    for entry in entries:
+        if entry.start != end:
+            raise _bad(path, f"entry {entry.key!r} does not start where the one before ends")
+        end = entry.stop
+    if end != size:
+        raise _bad(
+            path,
+            f"the tensors end at byte {end} but the file has {size} bytes "
+            f"({'truncated' if end > size else 'trailing bytes'})",
+        )
+    return metadata, tuple(entries)
 
 
-def _entry(path: Path, key: str, value: object, data_start: int, size: int) -> TensorEntry:
+def _entry(path: Path, key: str, value: object, data_start: int) -> TensorEntry:
     if not isinstance(value, dict):
         raise _bad(path, f"entry {key!r} is not an object")
-    dtype = _TO_NUMPY.get(value.get("dtype"))  # type: ignore[arg-type]
-    shape, offsets = value.get("shape"), value.get("data_offsets")
+    code, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
+    dtype = _TO_NUMPY.get(code) if isinstance(code, str) else None
     if dtype is None:
-        raise _bad(path, f"entry {key!r} has unknown dtype {value.get('dtype')!r}")
-    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
-        raise _bad(path, f"entry {key!r} has an invalid shape {shape!r}")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
-        raise _bad(path, f"entry {key!r} has invalid data_offsets {offsets!r}")
-    start, stop = data_start + offsets[0], data_start + offsets[1]
-    if not data_start <= start <= stop <= size:
-        raise _bad(path, f"entry {key!r} lies outside the file (truncated?)")
-    if stop - start != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
-        raise _bad(path, f"entry {key!r}: {stop - start} bytes do not hold shape {shape} of {dtype}")
-    return TensorEntry(key, dtype, tuple(shape), start, stop)
+        raise _bad(path, f"entry {key!r} has an unknown dtype {_short(code)}")
+    if not (
+        isinstance(shape, list)
+        and len(shape) <= _MAX_NDIM
+        and all(type(d) is int and 0 <= d < 2**63 for d in shape)
+    ):
+        raise _bad(path, f"entry {key!r} has an invalid shape {_short(shape)}")
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(type(o) is int for o in offsets)
+        and 0 <= offsets[0] <= offsets[1]
+    ):
+        raise _bad(path, f"entry {key!r} has invalid data_offsets {_short(offsets)}")
+    nbytes = offsets[1] - offsets[0]
+    # math.prod on Python ints: numpy's int64 product would wrap around on huge shapes.
+    if nbytes != math.prod(shape) * dtype.itemsize:
+        raise _bad(path, f"entry {key!r}: {nbytes} bytes do not hold shape {shape} of {dtype}")
+    return TensorEntry(key, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1])
 
 
 def read_array(path: Path, entry: TensorEntry) -> np.ndarray:
-    """Read one tensor; the result is a fresh, writable array."""
+    """Read one tensor into a fresh, writable array (read straight into it, no copy)."""
     try:
-        with open(path, "rb") as f:
-            f.seek(entry.start)
-            raw = f.read(entry.stop - entry.start)
+        out = np.empty(entry.shape, entry.dtype)
+    except (ValueError, MemoryError) as err:
+        raise _bad(path, f"entry {entry.key!r} cannot be allocated ({_short(err)})") from None
+    if not out.nbytes:
+        return out
+    view = memoryview(out.reshape(-1).view(np.uint8))
+    try:
+        got = _read_into(path, view, entry.start)
     except OSError as err:
         raise CaptureError(f"cannot read {entry.key!r} from {path}: {err.strerror or err}") from err
-    if len(raw) != entry.stop - entry.start:
+    if got != out.nbytes:
         raise _bad(path, f"entry {entry.key!r} is cut short (the file changed or is truncated)")
-    return np.frombuffer(bytearray(raw), dtype=entry.dtype).reshape(entry.shape)
+    return out
+
+
+def _read_into(path: Path, view: memoryview, offset: int) -> int:
+    # os.preadv fills the array in place and skips the buffered file object, which costs
+    # more than the read itself for small arrays; readinto is the portable fallback.
+    if not hasattr(os, "preadv"):
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.readinto(view) or 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = 0
+        while got < len(view):  # a read may return less than asked (large arrays)
+            n = os.preadv(fd, [view[got:]], offset + got)
+            if n == 0:
+                break
+            got += n
+        return got
+    finally:
+        os.close(fd)
+
+
+def _short(value: object) -> str:
+    text = repr(value) if not isinstance(value, BaseException) else str(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _bad(path: Path, why: str) -> CaptureError:
