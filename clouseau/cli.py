@@ -1,0 +1,450 @@
+"""The ``clouseau`` command: show, diff and draw captures; export models to ONNX.
+
+Exit status: 0 on success, 1 when ``diff`` finds a difference, 2 on a user error (bad
+path, not a capture, no shared names, graphviz missing). User errors print one message,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from clouseau.ir.errors import ClouseauError
+
+EXIT_OK, EXIT_DIFFERS, EXIT_USAGE = 0, 1, 2
+_MAX_ROWS = 60  # above this many rows, diff shows only the points that are not close
+
+_EXPORT_HELP = """\
+Export a model to ONNX with the selected activations as extra named outputs.
+
+MODEL is a factory spec, MODULE:ATTR, where MODULE is an importable module
+(mypkg.models) or a path to a Python file (models/resnet.py), and ATTR names
+either a model object (a torch.nn.Module or an Equinox module) or a class or
+function that builds one when called with no arguments.
+
+Each --input gives the shape of one positional argument, as comma-separated
+sizes with an optional dtype: 2,3,32,32 or 2,16:int64 (float32 by default).
+Example inputs are random (normal for floats, 0..9 for ints) from --seed.
+
+  clouseau export-onnx mypkg.models:make_resnet --input 1,3,224,224 \\
+      --select 'layer*.*.relu_1' -o resnet.onnx
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``clouseau`` command with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    console = Console(highlight=False, soft_wrap=True)
+    errors = Console(stderr=True, highlight=False, soft_wrap=True)
+    try:
+        return int(args.run(args, console))
+    except (ClouseauError, OSError, ValueError, KeyError, TypeError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+        errors.print(f"[bold red]error:[/] {escape(str(message))}")
+        return EXIT_USAGE
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="clouseau",
+        description="Inspect, compare and draw activation captures; export models to ONNX.",
+        epilog="Exit status: 0 success, 1 diff found a difference, 2 user error.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    show = sub.add_parser(
+        "show",
+        help="print a capture as a module tree",
+        description="Print a capture as a tree of modules with shapes, dtypes and statistics; NaN and Inf are flagged.",
+    )
+    show.add_argument("path", help="capture directory (or one of its .safetensors files)")
+    show.add_argument(
+        "--select",
+        action="append",
+        metavar="GLOB",
+        help="only points matching GLOB (repeatable; '!GLOB' excludes)",
+    )
+    show.add_argument("--stats", action="store_true", help="add mean, std, min and max")
+    show.add_argument(
+        "--values", action="store_true", help="print the leading values of each array"
+    )
+    show.add_argument("--call", type=int, metavar="K", help="only call K (default: every call)")
+    show.set_defaults(run=_cmd_show)
+
+    d = sub.add_parser(
+        "diff", help="compare two captures point by point",
+        description="Compare two captures point by point in execution order. Exits 1 when they differ.",
+    )  # fmt: skip
+    d.add_argument("a", help="first capture directory")
+    d.add_argument("b", help="second capture directory")
+    d.add_argument("--key-map", nargs=2, action="append", default=[], metavar=("PATTERN", "REPLACEMENT"),
+                   help="rewrite names of A with re.sub(PATTERN, REPLACEMENT) before looking them up in B (repeatable, applied in order)")  # fmt: skip
+    d.add_argument("--rtol", type=float, default=None, help="relative tolerance (default 1e-4)")
+    d.add_argument("--atol", type=float, default=None, help="absolute tolerance (default 1e-5)")
+    d.add_argument(
+        "--strict",
+        action="store_true",
+        help="points present on one side only count as a difference",
+    )
+    d.add_argument("--all", action="store_true", help="list every point, also when there are many")
+    d.set_defaults(run=_cmd_diff)
+
+    dr = sub.add_parser(
+        "draw",
+        help="draw the graph of a capture",
+        description="Draw the graph stored in a capture directory (.pdf .svg .png .dot).",
+    )
+    dr.add_argument("path", help="capture directory")
+    dr.add_argument(
+        "-o",
+        "--output",
+        default="graph.pdf",
+        help="output file; the suffix picks the format (default graph.pdf)",
+    )
+    dr.add_argument(
+        "--select", action="append", metavar="GLOB", help="also highlight points matching GLOB"
+    )
+    dr.add_argument(
+        "--depth", type=int, help="collapse modules deeper than DEPTH into single boxes"
+    )
+    dr.add_argument(
+        "--rollup", action="store_true", help="draw runs of identical blocks once (layer1.* ×2)"
+    )
+    dr.add_argument(
+        "--rankdir", default="TB", choices=("TB", "LR", "BT", "RL"), help="layout direction"
+    )
+    dr.set_defaults(run=_cmd_draw)
+
+    ex = sub.add_parser("export-onnx", help="export a model to ONNX with activations as outputs",
+                        description=_EXPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ex.add_argument("model", metavar="MODEL", help="MODULE:ATTR factory spec (see above)")
+    ex.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        metavar="SHAPE[:DTYPE]",
+        help="shape of one input (repeatable)",
+    )
+    ex.add_argument(
+        "-o", "--output", default="model.onnx", help="the .onnx file (default model.onnx)"
+    )
+    ex.add_argument(
+        "--select",
+        action="append",
+        metavar="GLOB",
+        help="activations to export as outputs (repeatable)",
+    )
+    ex.add_argument("--seed", type=int, default=0, help="seed of the random example inputs")
+    ex.set_defaults(run=_cmd_export)
+    return parser
+
+
+# -- show -----------------------------------------------------------------------------------
+def _cmd_show(args: argparse.Namespace, console: Console) -> int:
+    from clouseau.store import load
+    from clouseau.store.diff import array_stats
+
+    cap = load(args.path)
+    graph = cap.graph
+    ops = {p.name: p.op for p in graph.points} if graph is not None else {}
+    module_types = {m.path: m.type for m in graph.modules} if graph is not None else {}
+    calls = cap.calls if args.call is None else (args.call,)
+    if args.call is not None and args.call not in cap.calls:
+        raise ClouseauError(
+            f"call {args.call} is not in {args.path}; it holds calls {list(cap.calls)}"
+        )
+    where = f", graph {graph.name or '?'} ({graph.frontend.value})" if graph is not None else ""
+    console.print(
+        f"[bold]{escape(str(args.path))}[/]: {len(cap)} points, {len(cap.calls)} call(s){escape(where)}"
+    )
+    for call, reason in sorted(cap.failed_calls.items()):
+        console.print(
+            f"[yellow]call {call} failed: {escape(reason)} (what it saved before is shown)[/]"
+        )
+    flagged: list[str] = []
+    shown = 0
+    for call in calls:
+        root = (
+            Tree(f"[bold]call {call}[/]")
+            if len(calls) > 1
+            else Tree(f"[bold]{escape(Path(args.path).name)}[/]")
+        )
+        branches: dict[str, Tree] = {"": root}
+        seen: set[tuple[str, ...]] = set()
+        for record in cap.records:
+            if record.call != call or record.names in seen:
+                continue
+            seen.add(record.names)
+            if args.select and not _selected(args.select, record.names, ops):
+                continue
+            array = cap.get(record.name, call=call)
+            stats = array_stats(array)
+            if not stats.finite:
+                flagged.append(record.name)
+            parent, parent_path = _branch(branches, record.name, module_types)
+            leaf = parent.add(_point_text(record.names, parent_path, array, stats, args.stats))
+            if args.values:
+                leaf.add(Text(_values(array), style="dim"))
+            shown += 1
+        console.print(root)
+    if args.select and not shown:
+        raise ClouseauError(
+            f"--select {' '.join(args.select)} matched no point of {args.path}; names: {', '.join(cap.names()[:8])}"
+        )
+    if flagged:
+        console.print(
+            f"[bold red]⚠ {len(flagged)} point(s) hold NaN or Inf; first: {escape(flagged[0])}[/]"
+        )
+    return EXIT_OK
+
+
+def _selected(patterns: list[str], names: tuple[str, ...], ops: dict[str, str]) -> bool:
+    def hit(pattern: str) -> bool:
+        for name in names:
+            target = name if "." in pattern else name.rsplit(".", 1)[-1]
+            if fnmatch.fnmatchcase(target, pattern) or (
+                "." not in pattern and fnmatch.fnmatchcase(ops.get(name, ""), pattern)
+            ):
+                return True
+        return False
+
+    include = [p for p in patterns if not p.startswith("!")]
+    exclude = [p[1:] for p in patterns if p.startswith("!")]
+    return (not include or any(map(hit, include))) and not any(map(hit, exclude))
+
+
+def _branch(branches: dict[str, Tree], name: str, module_types: dict[str, str]) -> tuple[Tree, str]:
+    """The tree node (and module path) holding ``name``, created with its ancestors."""
+    parts = name.split(".")[:-1]
+    path = ""
+    for i in range(len(parts)):
+        prefix = ".".join(parts[: i + 1])
+        if module_types and prefix not in module_types and i < len(parts) - 1:
+            continue  # not a module: fold this component into the next level's label
+        if prefix not in branches:
+            kind = module_types.get(prefix)
+            label = f"[bold cyan]{escape(prefix)}[/]" + (
+                f" [dim]({escape(kind)})[/]" if kind else ""
+            )
+            branches[prefix] = branches[path].add(label)
+        path = prefix
+    return branches[path], path
+
+
+def _point_text(names: tuple[str, ...], parent: str, array: Any, stats: Any, full: bool) -> Text:
+    name = names[0][len(parent) + 1 :] if parent else names[0]
+    text = Text(name, style="bold")
+    if len(names) > 1:
+        text.append(f" (aka {', '.join(names[1:])})", style="dim")
+    dtype = str(array.dtype)
+    text.append(f"  {dtype}[{','.join(map(str, array.shape))}]", style="green")
+    if full:
+        text.append(
+            f"  mean {stats.mean:.4g}  std {stats.std:.4g}  min {stats.min:.4g}  max {stats.max:.4g}"
+        )
+    if stats.nan:
+        text.append(f"  ⚠ NaN×{stats.nan}", style="bold white on red")
+    if stats.inf:
+        text.append(f"  ⚠ Inf×{stats.inf}", style="bold red")
+    return text
+
+
+def _values(array: Any) -> str:
+    import numpy as np
+
+    return np.array2string(
+        np.asarray(array, dtype=np.float64) if array.dtype.kind == "V" else np.asarray(array),
+        threshold=8,
+        edgeitems=3,
+        precision=4,
+    )
+
+
+# -- diff -----------------------------------------------------------------------------------
+def _cmd_diff(args: argparse.Namespace, console: Console) -> int:
+    from clouseau.store.diff import DEFAULT_ATOL, DEFAULT_RTOL, Status, diff
+
+    result = diff(
+        args.a, args.b, key_map=[tuple(p) for p in args.key_map] or None,
+        rtol=DEFAULT_RTOL if args.rtol is None else args.rtol,
+        atol=DEFAULT_ATOL if args.atol is None else args.atol, strict=args.strict,
+    )  # fmt: skip
+    multi = len(result.calls) > 1
+    rows = result.rows
+    hidden = 0
+    if not args.all and len(rows) > _MAX_ROWS:
+        kept = tuple(r for r in rows if r.status is not Status.CLOSE)
+        hidden = len(rows) - len(kept)
+        rows = kept
+    table = Table(title=f"{escape(result.a)} vs {escape(result.b)}", title_justify="left")
+    for column in (
+        "#",
+        *(("call",) if multi else ()),
+        "point",
+        "status",
+        "shape",
+        "max abs",
+        "max rel",
+        "exceeding",
+    ):
+        table.add_column(
+            column,
+            justify="right"
+            if column in ("#", "call", "max abs", "max rel", "exceeding")
+            else "left",
+        )
+    first = result.first_divergence
+    for i, r in enumerate(rows):
+        style = _STATUS_STYLE[r.status.value] + (" reverse" if r is first else "")
+        shape = _shape(r.shape_a if r.shape_a is not None else r.shape_b)
+        if r.status is Status.SHAPE:
+            shape = f"{_shape(r.shape_a)} vs {_shape(r.shape_b)}"
+        numbers = (
+            (f"{r.max_abs:.3g}", f"{r.max_rel:.3g}", f"{r.exceeding}/{r.size}")
+            if r.status in (Status.CLOSE, Status.DIFFERS)
+            else ("", "", "")
+        )
+        cells = (
+            str(i),
+            *((str(r.call),) if multi else ()),
+            escape(r.label),
+            Text(r.status.value, style=style),
+            shape,
+            *numbers,
+        )
+        table.add_row(*cells)
+    console.print(table)
+    if hidden:
+        console.print(f"[dim]{hidden} close point(s) not listed; --all lists them[/]")
+    style = "bold green" if result.ok else "bold red"
+    console.print(Text(result.summary(), style=style))
+    return EXIT_OK if result.ok else EXIT_DIFFERS
+
+
+_STATUS_STYLE = {
+    "close": "green", "differs": "bold red", "shape mismatch": "bold magenta",
+    "missing in b": "yellow", "missing in a": "yellow",
+}  # fmt: skip
+
+
+def _shape(shape: tuple[int, ...] | None) -> str:
+    return "" if shape is None else "[" + ",".join(map(str, shape)) + "]"
+
+
+# -- draw -----------------------------------------------------------------------------------
+def _cmd_draw(args: argparse.Namespace, console: Console) -> int:
+    from clouseau.exporters.graphviz import draw
+
+    out = draw(
+        args.path,
+        args.output,
+        select=args.select,
+        depth=args.depth,
+        rollup=args.rollup,
+        rankdir=args.rankdir,
+    )
+    console.print(f"wrote {escape(str(out))}")
+    return EXIT_OK
+
+
+# -- export-onnx ----------------------------------------------------------------------------
+def _cmd_export(args: argparse.Namespace, console: Console) -> int:
+    from clouseau.exporters.onnx import export_onnx
+
+    model = load_factory(args.model)
+    example = make_inputs(model, [parse_input(s) for s in args.input], args.seed)
+    out = export_onnx(model, example, args.output, select=args.select)
+    console.print(
+        f"wrote {escape(str(out.path))}: inputs {', '.join(out.inputs)}; outputs {escape(', '.join(out.outputs))}"
+    )
+    return EXIT_OK
+
+
+def parse_input(spec: str) -> tuple[tuple[int, ...], str]:
+    """``"2,3,32,32"`` -> ((2, 3, 32, 32), "float32"); ``"2,16:int64"`` -> ((2, 16), "int64")."""
+    shape_text, _, dtype = spec.partition(":")
+    try:
+        shape = tuple(int(d) for d in shape_text.replace("x", ",").split(",") if d.strip())
+    except ValueError:
+        raise ValueError(
+            f"--input {spec!r}: expected comma-separated sizes with an optional :dtype, e.g. 2,3,32,32 or 2,16:int64"
+        ) from None
+    return shape, dtype or "float32"
+
+
+def load_factory(spec: str) -> Any:
+    """The model named by ``MODULE:ATTR``; a class or function there is called with no arguments."""
+    import inspect
+
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(
+            f"MODEL {spec!r} must be MODULE:ATTR, e.g. mypkg.models:make_model or models.py:Net"
+        )
+    if module_name.endswith(".py") or "/" in module_name:
+        path = Path(module_name)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist")
+        loader_spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert loader_spec is not None and loader_spec.loader is not None
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[path.stem] = module
+        loader_spec.loader.exec_module(module)
+    else:
+        sys.path.insert(0, str(Path.cwd()))
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            raise ValueError(
+                f"cannot import {module_name!r} ({err}); run from the directory that holds it or give a .py path"
+            ) from None
+        finally:
+            sys.path.pop(0)
+    target = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"{module_name} has no attribute {attr!r}")
+        target = getattr(target, part)
+    return target() if inspect.isclass(target) or inspect.isfunction(target) else target
+
+
+def make_inputs(model: Any, specs: list[tuple[tuple[int, ...], str]], seed: int) -> tuple[Any, ...]:
+    """Random example inputs of the given shapes, as tensors of the model's framework."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(model, torch.nn.Module):
+        gen = torch.Generator().manual_seed(seed)
+        out = []
+        for shape, dtype in specs:
+            tdtype = getattr(torch, dtype)
+            if tdtype.is_floating_point:
+                out.append(torch.randn(shape, generator=gen, dtype=tdtype))
+            else:
+                out.append(torch.randint(0, 10, shape, generator=gen, dtype=tdtype))
+        return tuple(out)
+    import jax
+    import jax.numpy as jnp
+
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(specs))
+    return tuple(
+        jax.random.normal(k, shape, jnp.dtype(dtype)) if jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
+        else jax.random.randint(k, shape, 0, 10, jnp.dtype(dtype))
+        for k, (shape, dtype) in zip(keys, specs, strict=True)
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
