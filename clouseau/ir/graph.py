@@ -13,6 +13,7 @@ import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Any
 
 AttrValue = str | int | float | bool | None | tuple["AttrValue", ...]
 
@@ -99,7 +100,17 @@ class NodeKind(enum.Enum):
     CONSTANT = "constant"  # a parameter, buffer or literal read by the graph
     OP = "op"  # a call of a function, method or leaf module
     SAVE = "save"  # inserted by passes.insert_saves: write the input value to the capture
+    # inserted by interventions.insert_interventions: the value every later node reads
+    # instead of its input (the action is the attr "action"; the callable in a side table)
+    INTERVENE = "intervene"
+    # inserted by interventions.insert_grad_saves: write d(loss)/d(input) when the user
+    # runs backward (torch) or differentiates the model (JAX)
+    SAVE_GRAD = "save_grad"
     OUTPUT = "output"
+
+
+# Nodes that rewrite passes add: none of them is a point a user can select.
+INSTRUMENTATION = frozenset({NodeKind.SAVE, NodeKind.INTERVENE, NodeKind.SAVE_GRAD})
 
 
 class Frontend(enum.Enum):
@@ -233,7 +244,9 @@ class Graph:
         except KeyError:
             from clouseau.ir.selection import closest
 
-            raise KeyError(f"no node {name!r} in the graph; closest: {closest(name, self._by_name)}") from None
+            raise KeyError(
+                f"no node {name!r} in the graph; closest: {closest(name, self._by_name)}"
+            ) from None
 
     def __contains__(self, name: object) -> bool:
         return name in self._by_name
@@ -249,7 +262,7 @@ class Graph:
         """Every selectable tensor value, in execution order; aliases follow their node."""
         found: list[Point] = []
         for node in self.nodes:
-            if node.kind in (NodeKind.SAVE, NodeKind.OUTPUT):
+            if node.kind in INSTRUMENTATION or node.kind is NodeKind.OUTPUT:
                 continue
             for i, spec in enumerate(node.outputs):
                 if isinstance(spec, TensorSpec):
@@ -273,7 +286,9 @@ class Graph:
         except KeyError:
             from clouseau.ir.selection import closest
 
-            raise KeyError(f"no point {name!r}; closest: {closest(name, self._points_by_name)}") from None
+            raise KeyError(
+                f"no point {name!r}; closest: {closest(name, self._points_by_name)}"
+            ) from None
 
     def module(self, path: str) -> ModuleInfo | None:
         return next((m for m in self.modules if m.path == path), None)
@@ -290,6 +305,16 @@ class Graph:
     def saves(self) -> tuple[Node, ...]:
         return tuple(n for n in self.nodes if n.kind is NodeKind.SAVE)
 
+    @property
+    def interventions(self) -> tuple[Node, ...]:
+        """The intervene nodes, in execution order."""
+        return tuple(n for n in self.nodes if n.kind is NodeKind.INTERVENE)
+
+    @property
+    def grad_saves(self) -> tuple[Node, ...]:
+        """The save_grad nodes, in execution order."""
+        return tuple(n for n in self.nodes if n.kind is NodeKind.SAVE_GRAD)
+
     def meta_value(self, key: str, default: AttrValue = None) -> AttrValue:
         return dict(self.meta).get(key, default)
 
@@ -300,6 +325,24 @@ class Graph:
         from clouseau.ir.printer import format_graph
 
         return format_graph(self)
+
+    def to_pandas(self) -> Any:
+        """One row per point: shape, dtype, module, parameters, FLOPs, source (needs pandas).
+
+        See :func:`clouseau.ir.metadata.points_frame`.
+        """
+        from clouseau.ir.metadata import points_frame
+
+        return points_frame(self)
+
+    def summary(self, *, file: Any = None) -> None:
+        """Print a table of the module tree with shapes, parameters and FLOPs (rich).
+
+        See :func:`clouseau.ir.metadata.summary`.
+        """
+        from clouseau.ir.metadata import summary
+
+        summary(self, file=file)
 
     def to_json(self) -> dict:
         from clouseau.ir.serialize import graph_to_json

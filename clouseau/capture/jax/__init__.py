@@ -1,0 +1,111 @@
+"""The JAX / Equinox frontend: trace a function or callable pytree to the IR, and instrument it.
+
+>>> from clouseau.capture import jax as cj
+>>> graph = cj.trace(model, x)                      # verified IR Graph (frontend JAX)
+>>> fmodel = cj.instrument(model, select="relu*", sink=sink)
+>>> y = fmodel(x)                                   # same outputs; saves go to the sink
+
+Tracing uses ``jax.make_jaxpr`` with module and activation markers
+(:mod:`.jaxpr_trace`), flattened into one graph (:mod:`.build`); names are documented in
+:mod:`.naming` (with the key map to PyTorch names); lowering is in :mod:`.lower`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+
+from clouseau.capture.jax.build import build_graph
+from clouseau.capture.jax.jaxpr_trace import trace_jaxpr
+from clouseau.capture.jax.module import Core, InstrumentedFunction, InstrumentedModule
+from clouseau.capture.jax.naming import ACTIVATIONS, TORCH_KEY_MAP, map_keys
+from clouseau.ir.graph import Graph
+from clouseau.ir.selection import SelectLike
+from clouseau.ir.sink import Sink
+
+__all__ = [
+    "ACTIVATIONS",
+    "TORCH_KEY_MAP",
+    "InstrumentedFunction",
+    "InstrumentedModule",
+    "instrument",
+    "map_keys",
+    "trace",
+]
+
+
+def trace(model: Any, *args: Any, **kwargs: Any) -> Graph:
+    """Trace ``model(*args, **kwargs)`` into a verified IR graph.
+
+    Parameters
+    ----------
+    model
+        A JAX function, an Equinox module, or any callable pytree with ``jax.Array`` leaves.
+    *args, **kwargs
+        Example arguments; arrays are traced by shape and dtype, anything else is static.
+
+    Returns
+    -------
+    Graph
+        The graph (frontend ``jax``), one node per operation, with module outputs as aliases.
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is not callable, or neither it nor the arguments hold an array.
+    clouseau.ir.errors.TraceError
+        If the model branches in Python on an array value.
+    """
+    _check_model(model)
+    return build_graph(trace_jaxpr(model, args, kwargs))
+
+
+def instrument(
+    model: Any, *, select: SelectLike, sink: Sink, intervene: Any = None, grads: Any = False
+) -> InstrumentedModule | InstrumentedFunction:
+    """Wrap ``model`` so that calling it also saves the selected points to ``sink``.
+
+    Parameters
+    ----------
+    model
+        A JAX function, an Equinox module, or any callable pytree with ``jax.Array`` leaves.
+    select
+        What to save (see :mod:`clouseau.ir.selection`); ``None`` saves nothing and calls
+        the model unchanged. A selection that matches nothing raises SelectionError on the
+        first call.
+    sink
+        Receives the graph once per input signature, then the saved values of every call.
+    intervene, grads
+        Not supported by the JAX frontend yet: anything but ``None`` / ``False`` raises
+        NotImplementedError.
+
+    Returns
+    -------
+    InstrumentedModule or InstrumentedFunction
+        Callable like ``model``; a pytree (an ``eqx.Module``) when ``model`` has array
+        leaves; a capture session (``close()``, ``with``, ``captured``).
+    """
+    _check_model(model)
+    if intervene or grads:
+        raise NotImplementedError(
+            "the JAX frontend does not support intervene= or grads= yet; instrument the model "
+            "without them (saving activations works), or use the PyTorch frontend"
+        )
+    core = Core(sink, select)
+    if isinstance(model, eqx.Module) or _has_arrays(model):
+        return InstrumentedModule(model, core)
+    return InstrumentedFunction(model, core)
+
+
+def _check_model(model: Any) -> None:
+    if not callable(model):
+        raise TypeError(
+            f"clouseau cannot trace a {type(model).__name__}: pass a JAX function, an Equinox "
+            "module, or a callable pytree holding jax.Array leaves"
+        )
+
+
+def _has_arrays(tree: Any) -> bool:
+    return any(eqx.is_array(x) for x in jax.tree_util.tree_leaves(tree))

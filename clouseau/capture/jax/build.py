@@ -1,0 +1,330 @@
+"""Turn a marked jaxpr (see :mod:`~clouseau.capture.jax.jaxpr_trace`) into an IR Graph.
+
+Sub-jaxprs are flattened into the one graph, so every point is selectable with one name:
+``jit`` (module markers, the user's jitted functions), ``remat``/``checkpoint`` and
+``scan`` bodies become nodes of the graph with a name prefix (see
+:mod:`~clouseau.capture.jax.naming`). Activation markers, JAX's own jitted helpers and
+``custom_jvp``/``custom_vjp`` functions are one node each whose internals are not points
+(saving inside a custom derivative would change how it differentiates). ``cond``,
+``while`` and other control flow are one opaque node each: values inside them exist a
+data-dependent number of times, so they are not points.
+
+``Node.key`` is the equation's path through the nested jaxprs (``"3/0/5"``: equation 5 of
+the sub-jaxpr of equation 0 of the sub-jaxpr of equation 3); ``"3/in1"`` is input 1 of
+that sub-jaxpr (a scan carry or slice). :mod:`~clouseau.capture.jax.lower` finds the
+values to save by these keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from clouseau.capture.jax import _compat
+from clouseau.capture.jax.jaxpr_trace import FN_MARK, MODULE_MARK, Traced
+from clouseau.capture.jax.naming import Namer, clean, join
+from clouseau.ir.graph import (
+    DType,
+    Frontend,
+    Graph,
+    ModuleInfo,
+    Node,
+    NodeKind,
+    OpaqueSpec,
+    Ref,
+    Source,
+    Spec,
+    TensorSpec,
+)
+from clouseau.ir.verify import verify
+
+FLATTENED = frozenset({"jit", "pjit", "scan", "remat2", "checkpoint", "remat"})
+_CUSTOM = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Where an equation is: its module and the name prefix of its ops."""
+
+    module: str = ""
+    module_type: str = ""
+    prefix: str = ""  # "layers.1.foo" for ops named "layers.1.foo.<op>"
+
+
+def build_graph(traced: Traced) -> Graph:
+    """The verified IR graph of a traced model."""
+    builder = _Builder(traced)
+    closed = traced.jaxpr
+    in_refs: list[Ref | None] = []
+    for index, (var, name, is_param) in enumerate(
+        zip(closed.jaxpr.invars, traced.in_names, traced.in_is_param, strict=True)
+    ):
+        kind, op = (NodeKind.CONSTANT, "param") if is_param else (NodeKind.INPUT, "input")
+        in_refs.append(builder.add(name, kind, op, (), (var,), Scope(), f"in{index}", exact=True))
+    const_refs = [
+        builder.add("const", NodeKind.CONSTANT, "const", (), (v,), Scope(), f"c{i}")
+        for i, v in enumerate(closed.jaxpr.constvars)
+    ]
+    outs = builder.walk(closed.jaxpr, const_refs, in_refs, "", Scope())
+    builder.nodes.append(
+        Node(
+            name="output",
+            kind=NodeKind.OUTPUT,
+            op="output",
+            inputs=tuple(r for r in outs if r is not None),
+        )
+    )
+    modules = (
+        ModuleInfo("", traced.root_type, _total_params(traced)),
+        *tuple(ModuleInfo(m.path, m.type_name, m.params) for m in traced.modules),
+    )
+    graph = Graph(
+        nodes=tuple(builder.nodes),
+        name=traced.name,
+        frontend=Frontend.JAX,
+        modules=modules,
+        meta=(("jax_version", __import__("jax").__version__),),
+    )
+    return verify(graph)
+
+
+def _total_params(traced: Traced) -> int:
+    avals = [v.aval for v in traced.jaxpr.jaxpr.invars]
+    return sum(int(np.prod(a.shape)) for a, p in zip(avals, traced.in_is_param, strict=True) if p)
+
+
+class _Builder:
+    def __init__(self, traced: Traced) -> None:
+        self.traced = traced
+        self.nodes: list[Node] = []
+        self.index: dict[str, int] = {}
+        self.namer = Namer()
+        self.namer.take("output")
+
+    def add(
+        self,
+        base: str,
+        kind: NodeKind,
+        op: str,
+        inputs: tuple[Ref, ...],
+        outvars: tuple[Any, ...],
+        scope: Scope,
+        key: str,
+        *,
+        source: Source | None = None,
+        attrs: tuple[tuple[str, Any], ...] = (),
+        exact: bool = False,
+    ) -> Ref:
+        name = self.namer.take(base if exact else join(scope.prefix, base))
+        node = Node(
+            name=name,
+            kind=kind,
+            op=op,
+            inputs=inputs,
+            outputs=tuple(_spec(v.aval) for v in outvars),
+            module=scope.module,
+            module_type=scope.module_type,
+            source=source,
+            attrs=attrs,
+            key=key,
+        )
+        self.index[name] = len(self.nodes)
+        self.nodes.append(node)
+        return Ref(name, 0)
+
+    def alias(self, ref: Ref, name: str, *, reserved: bool = False) -> None:
+        position = self.index[ref.node]
+        node = self.nodes[position]
+        if not isinstance(node.outputs[ref.index], TensorSpec):
+            return
+        final = name if reserved else self.namer.take(name)
+        self.nodes[position] = replace(node, aliases=(*node.aliases, (ref.index, final)))
+
+    def walk(
+        self,
+        jaxpr: Any,
+        const_refs: list[Ref | None],
+        in_refs: list[Ref | None],
+        key: str,
+        scope: Scope,
+    ) -> list[Ref | None]:
+        env: dict[Any, Ref | None] = {}
+        for var, ref in zip(jaxpr.constvars, const_refs, strict=True):
+            env[var] = ref
+        for var, ref in zip(jaxpr.invars, in_refs, strict=True):
+            env[var] = ref
+        for position, eqn in enumerate(jaxpr.eqns):
+            ekey = f"{key}/{position}" if key else str(position)
+            inputs = [env.get(v) if not _is_literal(v) else None for v in eqn.invars]
+            outs = self.equation(eqn, ekey, inputs, scope)
+            for var, ref in zip(eqn.outvars, outs, strict=True):
+                env[var] = ref
+        return [None if _is_literal(v) else env.get(v) for v in jaxpr.outvars]
+
+    def equation(
+        self, eqn: Any, key: str, inputs: list[Ref | None], scope: Scope
+    ) -> list[Ref | None]:
+        prim = eqn.primitive.name
+        local = _local_scope(scope, eqn)
+        refs = tuple(r for r in inputs if r is not None)
+        if prim in ("jit", "pjit"):
+            name = str(eqn.params.get("name", "jit"))
+            inner = eqn.params["jaxpr"]
+            if name.startswith(MODULE_MARK):
+                entry = self.traced.modules[int(name[len(MODULE_MARK) :])]
+                sub = Scope(entry.path, entry.type_name, entry.path)
+                outs = self._sub(inner.jaxpr, inner.consts, inputs, key, sub)
+                self._alias_outputs(outs, entry.path)
+                return outs
+            if name.startswith(FN_MARK):
+                return self._opaque(name[len(FN_MARK) :], eqn, key, refs, local)
+            if _is_jax_function(inner):
+                return self._opaque(clean(name), eqn, key, refs, local)
+            path = self.namer_peek(join(local.prefix, clean(name)))
+            sub = replace(local, prefix=path)
+            outs = self._sub(inner.jaxpr, inner.consts, inputs, key, sub)
+            self._alias_outputs(outs, path, reserved=True)
+            return outs
+        if prim in ("remat2", "checkpoint", "remat"):
+            return self._sub(eqn.params["jaxpr"], (), inputs, key, local)
+        if prim == "scan":
+            return self._scan(eqn, key, inputs, local)
+        if prim in _CUSTOM:
+            fn = _custom_name(eqn) or prim
+            return self._opaque(fn, eqn, key, refs, local)
+        return self._opaque(prim, eqn, key, refs, local)
+
+    def namer_peek(self, base: str) -> str:
+        # A scope's name is taken now so that a later op of the same name gets a suffix.
+        return self.namer.take(base)
+
+    def _sub(
+        self, jaxpr: Any, consts: Any, inputs: list[Ref | None], key: str, scope: Scope
+    ) -> list[Ref | None]:
+        const_refs: list[Ref | None] = []
+        for i, var in enumerate(jaxpr.constvars):
+            const_refs.append(
+                self.add("const", NodeKind.CONSTANT, "const", (), (var,), scope, f"{key}/c{i}")
+            )
+        del consts
+        return self.walk(jaxpr, const_refs, inputs, key, scope)
+
+    def _opaque(
+        self, op: str, eqn: Any, key: str, refs: tuple[Ref, ...], scope: Scope
+    ) -> list[Ref | None]:
+        ref = self.add(
+            op,
+            NodeKind.OP,
+            op,
+            refs,
+            tuple(eqn.outvars),
+            scope,
+            key,
+            source=_source(eqn),
+            attrs=_attrs(eqn),
+        )
+        return [Ref(ref.node, i) for i in range(len(eqn.outvars))]
+
+    def _alias_outputs(self, outs: list[Ref | None], path: str, *, reserved: bool = False) -> None:
+        tensors = [r for r in outs if r is not None]
+        for i, ref in enumerate(tensors):
+            if len(tensors) == 1:
+                self.alias(ref, path, reserved=reserved)
+            else:
+                self.alias(ref, f"{path}:{i}")
+
+    def _scan(self, eqn: Any, key: str, inputs: list[Ref | None], scope: Scope) -> list[Ref | None]:
+        params = eqn.params
+        body = params["jaxpr"]
+        n_consts, n_carry = params["num_consts"], params["num_carry"]
+        name = self.namer_peek(join(scope.prefix, "scan"))
+        sub = replace(scope, prefix=name)
+        inner_refs: list[Ref | None] = list(inputs[:n_consts])
+        for i, var in enumerate(body.jaxpr.invars[n_consts:], start=n_consts):
+            outer = inputs[i]
+            is_carry = i < n_consts + n_carry
+            base, op = ("carry", "scan_carry") if is_carry else ("x", "scan_slice")
+            inner_refs.append(
+                self.add(
+                    base, NodeKind.OP, op, (outer,) if outer else (), (var,), sub, f"{key}/in{i}"
+                )
+            )
+        self._sub(body.jaxpr, body.consts, inner_refs, key, sub)
+        refs = tuple(r for r in inputs if r is not None)
+        node = Node(
+            name=name,
+            kind=NodeKind.OP,
+            op="scan",
+            inputs=refs,
+            outputs=tuple(_spec(v.aval) for v in eqn.outvars),
+            module=scope.module,
+            module_type=scope.module_type,
+            source=_source(eqn),
+            attrs=(("length", int(params["length"])), ("reverse", bool(params["reverse"]))),
+            key=key,
+        )
+        self.index[name] = len(self.nodes)
+        self.nodes.append(node)
+        return [Ref(name, i) for i in range(len(eqn.outvars))]
+
+
+def _local_scope(scope: Scope, eqn: Any) -> Scope:
+    # Equinox's layers name their own scopes ("eqx.nn.Linear"); the module path says it already.
+    names = tuple(n for n in _compat.scope_names(eqn.source_info) if not n.startswith("eqx."))
+    if not names:
+        return scope
+    return replace(scope, prefix=join(scope.prefix, *(clean(n) for n in names)))
+
+
+def _is_literal(var: Any) -> bool:
+    return type(var).__name__ == "Literal"
+
+
+def _is_jax_function(closed: Any) -> bool:
+    info = getattr(closed.jaxpr, "debug_info", None)
+    src = getattr(info, "func_src_info", "") or ""
+    path = src.rsplit(" at ", 1)[-1].rsplit(":", 1)[0]
+    return bool(path) and _compat.is_library_file(path)
+
+
+def _custom_name(eqn: Any) -> str:
+    for param in ("call_jaxpr", "fun_jaxpr"):
+        closed = eqn.params.get(param)
+        info = getattr(getattr(closed, "jaxpr", None), "debug_info", None)
+        name = getattr(info, "func_name", "")
+        if name:
+            return clean(name)
+    return ""
+
+
+def _source(eqn: Any) -> Source | None:
+    frame = _compat.user_frame(eqn.source_info)
+    if frame is None:
+        return None
+    return Source(file=frame[0], line=frame[1], function=frame[2])
+
+
+def _attrs(eqn: Any) -> tuple[tuple[str, Any], ...]:
+    # Only small, plain parameters: enough to read the printed graph.
+    if eqn.primitive.name in ("jit", "pjit", *_CUSTOM):
+        return ()
+    out = []
+    for k, v in eqn.params.items():
+        if (isinstance(v, bool | int | float | str) and not k.startswith("_")) or (
+            isinstance(v, tuple) and all(isinstance(x, int) for x in v)
+        ):
+            out.append((k, v))
+    return tuple(out)
+
+
+def _spec(aval: Any) -> Spec:
+    shape = getattr(aval, "shape", None)
+    dtype = getattr(aval, "dtype", None)
+    if shape is None or dtype is None:
+        return OpaqueSpec(type(aval).__name__)
+    try:
+        return TensorSpec(tuple(int(d) for d in shape), DType(np.dtype(dtype).name))
+    except (TypeError, ValueError):
+        return OpaqueSpec(str(dtype))

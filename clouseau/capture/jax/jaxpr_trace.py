@@ -1,0 +1,335 @@
+"""Trace a JAX function or a callable pytree to a jaxpr whose module and activation calls are marked.
+
+While tracing, every callable submodule of the model (an ``eqx.Module`` or any pytree node
+with ``__call__``) is called through a ``jax.jit`` named ``__clouseau_module_<i>``, and
+every :data:`~clouseau.capture.jax.naming.ACTIVATIONS` function of ``jax.nn`` through one
+named ``__clouseau_fn_<name>``. The marked jit equations give the exact output values of
+each module and activation; :mod:`clouseau.capture.jax.build` turns them into names.
+The markers are patched in for the duration of one trace (class ``__call__`` and ``jax.nn``
+attributes) under a lock, and always restored.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sysconfig
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+
+from clouseau.capture.jax import _compat
+from clouseau.capture.jax.naming import ACTIVATIONS, join, key_name, path_name
+from clouseau.ir.errors import TraceError
+
+MODULE_MARK = "__clouseau_module_"
+FN_MARK = "__clouseau_fn_"
+
+_PATCH_LOCK = threading.RLock()
+_local = threading.local()
+
+
+@dataclass(frozen=True)
+class ModuleEntry:
+    """A callable submodule found in the model's pytree."""
+
+    path: str
+    type_name: str
+    params: int
+
+
+@dataclass(frozen=True)
+class Traced:
+    """A jaxpr of ``model(*args, **kwargs)`` with everything needed to name and rerun it."""
+
+    jaxpr: Any  # ClosedJaxpr; invars are the array leaves of (model, args, kwargs)
+    in_names: tuple[str, ...]
+    in_is_param: tuple[bool, ...]
+    modules: tuple[ModuleEntry, ...]  # the i of a module marker indexes this
+    root_type: str
+    out_tree: Any
+    out_static: tuple[Any, ...]  # output leaves; None where the leaf is an array output
+    out_is_array: tuple[bool, ...]
+    name: str
+
+
+@dataclass(frozen=True)
+class Split:
+    """A pytree split into its array leaves (traced) and the rest (static)."""
+
+    treedef: Any
+    leaves: tuple[Any, ...]
+    is_array: tuple[bool, ...]
+
+    @property
+    def arrays(self) -> tuple[Any, ...]:
+        return tuple(x for x, a in zip(self.leaves, self.is_array, strict=True) if a)
+
+    def merge(self, arrays: Any) -> Any:
+        it = iter(arrays)
+        full = [next(it) if a else x for x, a in zip(self.leaves, self.is_array, strict=True)]
+        return jax.tree_util.tree_unflatten(self.treedef, full)
+
+
+def split(tree: Any) -> Split:
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return Split(treedef, tuple(leaves), tuple(bool(eqx.is_array(x)) for x in leaves))
+
+
+def signature(parts: Split) -> tuple[Any, ...]:
+    """A hashable key of a call: the tree structure, array shapes/dtypes and static leaves."""
+    key: list[Any] = [parts.treedef]
+    for leaf, is_array in zip(parts.leaves, parts.is_array, strict=True):
+        if is_array:
+            key.append((tuple(np.shape(leaf)), str(jax.numpy.result_type(leaf))))
+        else:
+            try:
+                hash(leaf)
+                key.append(("static", leaf))
+            except TypeError:
+                key.append(("static-id", id(leaf)))
+    return tuple(key)
+
+
+def trace_jaxpr(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
+    """Trace ``model(*args, **kwargs)`` with module and activation markers."""
+    parts = split((model, args, kwargs))
+    if not parts.arrays:
+        raise TypeError(
+            f"clouseau found no array in {getattr(model, '__name__', type(model).__name__)} nor in "
+            "the example arguments: pass example jax/numpy arrays, e.g. trace(model, jnp.zeros((1, 8)))"
+        )
+    in_names, in_is_param = _input_names(model, args, kwargs)
+    modules: list[ModuleEntry] = []
+    out_store: dict[str, Any] = {}
+
+    def traced(*arrays: Any) -> list[Any]:
+        m, a, k = parts.merge(arrays)
+        m = _swap_activation_leaves(m)
+        registry, objects = _find_modules(m, modules)
+        with _markers(registry, objects):
+            out = m(*a, **k)
+        out_parts = split(out)
+        out_store["out"] = out_parts
+        return list(out_parts.arrays)
+
+    try:
+        avals = [jax.ShapeDtypeStruct(np.shape(a), jax.numpy.result_type(a)) for a in parts.arrays]
+        closed = jax.make_jaxpr(traced)(*avals)
+    except (
+        jax.errors.ConcretizationTypeError,
+        jax.errors.TracerBoolConversionError,
+        jax.errors.TracerIntegerConversionError,
+        jax.errors.TracerArrayConversionError,
+    ) as err:
+        raise TraceError(_control_flow_message(err)) from err
+    out_parts: Split = out_store["out"]
+    return Traced(
+        jaxpr=closed,
+        in_names=in_names,
+        in_is_param=in_is_param,
+        modules=tuple(modules),
+        root_type=type(model).__name__,
+        out_tree=out_parts.treedef,
+        out_static=tuple(
+            None if a else x for x, a in zip(out_parts.leaves, out_parts.is_array, strict=True)
+        ),
+        out_is_array=out_parts.is_array,
+        name=getattr(model, "__name__", type(model).__name__),
+    )
+
+
+def _input_names(
+    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[str, ...], tuple[bool, ...]]:
+    try:
+        params = list(inspect.signature(model).parameters)
+    except (TypeError, ValueError):
+        params = []
+    positional = [p for p in params if p not in kwargs]
+    names: list[str] = []
+    is_param: list[bool] = []
+    for keys, leaf in jax.tree_util.tree_flatten_with_path((model, args, kwargs))[0]:
+        if not eqx.is_array(leaf):
+            continue
+        where, rest = keys[0].idx, keys[1:]
+        if where == 0:
+            names.append(path_name(rest) or "param")
+            is_param.append(True)
+            continue
+        if where == 1:
+            index = rest[0].idx
+            head = positional[index] if index < len(positional) and params else f"arg{index}"
+        else:
+            head = key_name(rest[0])
+        names.append(join(head, path_name(rest[1:])))
+        is_param.append(False)
+    return tuple(names), tuple(is_param)
+
+
+def _is_module(node: Any) -> bool:
+    if inspect.isfunction(node) or inspect.ismethod(node) or isinstance(node, (list, tuple, dict)):
+        return False
+    return callable(node) and "__call__" in _class_attrs(type(node))
+
+
+def _class_attrs(cls: type) -> set[str]:
+    return {k for c in cls.__mro__ if c is not object for k in vars(c)}
+
+
+def _find_modules(model: Any, found: list[ModuleEntry]) -> tuple[dict[int, int], list[Any]]:
+    """Map id(submodule) -> index into ``found`` (filled in pytree order, root excluded).
+
+    The submodule objects are returned too: they keep the ids valid during the trace.
+    """
+    registry: dict[int, int] = {}
+    objects: list[Any] = []
+    found.clear()
+
+    def walk(node: Any, path: str) -> None:
+        children = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]
+        for keys, child in children:
+            if child is node or jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(child)):
+                continue
+            child_path = join(path, path_name(keys))
+            if _is_module(child) and id(child) not in registry:
+                size = sum(
+                    int(np.size(x)) for x in jax.tree_util.tree_leaves(child) if eqx.is_array(x)
+                )
+                registry[id(child)] = len(found)
+                objects.append(child)
+                found.append(ModuleEntry(child_path, type(child).__name__, size))
+            walk(child, child_path)
+
+    walk(model, "")
+    return registry, objects
+
+
+def _swap_activation_leaves(model: Any) -> Any:
+    wrapped = {
+        id(getattr(jax.nn, n)): _activation_wrapper(n, getattr(jax.nn, n))
+        for n in ACTIVATIONS
+        if hasattr(jax.nn, n)
+    }
+    return jax.tree_util.tree_map(lambda x: wrapped.get(id(x), x) if callable(x) else x, model)
+
+
+def _activation_wrapper(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def activation(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_local, "in_activation", False):
+            return fn(*args, **kwargs)
+        _local.in_activation = True
+        try:
+            return call_marked(FN_MARK + name, fn, args, kwargs)
+        finally:
+            _local.in_activation = False
+
+    activation.__name__ = name
+    activation.__wrapped__ = fn  # type: ignore[attr-defined]
+    return activation
+
+
+@contextmanager
+def _markers(registry: dict[int, int], objects: list[Any]) -> Iterator[None]:
+    """Patch module classes' ``__call__`` and ``jax.nn`` activations for one trace."""
+    with _PATCH_LOCK:
+        classes = {type(obj) for obj in objects}
+        saved_calls = {cls: cls.__dict__.get("__call__") for cls in classes}
+        originals = {cls: cls.__call__ for cls in classes}
+        saved_nn = {n: getattr(jax.nn, n) for n in ACTIVATIONS if hasattr(jax.nn, n)}
+        try:
+            for cls in classes:
+                cls.__call__ = _module_wrapper(originals[cls], registry, objects)  # type: ignore[method-assign]
+            for n, fn in saved_nn.items():
+                setattr(jax.nn, n, _activation_wrapper(n, fn))
+            yield
+        finally:
+            for n, fn in saved_nn.items():
+                setattr(jax.nn, n, fn)
+            for cls, own in saved_calls.items():
+                if own is None:
+                    delattr(cls, "__call__")
+                else:
+                    cls.__call__ = own  # type: ignore[method-assign]
+
+
+def _module_wrapper(
+    original: Callable[..., Any], registry: dict[int, int], objects: list[Any]
+) -> Callable[..., Any]:
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        index = registry.get(id(self))
+        if index is None or getattr(_local, "in_activation", False):
+            return original(self, *args, **kwargs)
+
+        def rebuilt(new_self: Any, *a: Any, **k: Any) -> Any:
+            # Inside the marker jit the module is rebuilt from traced leaves: its
+            # submodules are new objects, registered here under their old paths.
+            for old, new in zip(_descendants(self), _descendants(new_self), strict=True):
+                if id(old) in registry:
+                    registry[id(new)] = registry[id(old)]
+                    objects.append(new)
+            return original(new_self, *a, **k)
+
+        return call_marked(f"{MODULE_MARK}{index}", rebuilt, (self, *args), kwargs)
+
+    return __call__
+
+
+def _descendants(node: Any) -> list[Any]:
+    found: list[Any] = []
+    for child in jax.tree_util.tree_flatten(node, is_leaf=lambda x: x is not node)[0]:
+        if child is node or jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(child)):
+            continue
+        found.append(child)
+        found.extend(_descendants(child))
+    return found
+
+
+def call_marked(
+    name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """Call ``fn`` through a ``jax.jit`` called ``name``, so its outputs are one equation's."""
+    parts = split((args, kwargs))
+    store: dict[str, Split] = {}
+
+    def inner(*arrays: Any) -> list[Any]:
+        a, k = parts.merge(arrays)
+        out = split(fn(*a, **k))
+        store["out"] = out
+        return list(out.arrays)
+
+    inner.__name__ = inner.__qualname__ = name
+    results = jax.jit(inner)(*parts.arrays)
+    return store["out"].merge(results)
+
+
+def _control_flow_message(err: BaseException) -> str:
+    frame = _user_frame_of(err)
+    where = (
+        f"{frame.filename}:{frame.lineno} ({frame.name}): {(frame.line or '').strip()}"
+        if frame
+        else "the model"
+    )
+    kind = type(err).__name__
+    return (
+        f"value-dependent Python control flow at {where}. clouseau traces the model once per "
+        f"input signature with abstract arrays, so Python `if`/`while`/`bool()`/`int()` on an "
+        f"array value cannot be followed ({kind}). Use jax.lax.cond or jnp.where (loops: "
+        f"jax.lax.while_loop, fori_loop or scan) instead, or pass the value as a static "
+        f"(non-array) argument."
+    )
+
+
+def _user_frame_of(err: BaseException) -> traceback.FrameSummary | None:
+    frames = traceback.extract_tb(err.__traceback__)
+    stdlib = sysconfig.get_paths()["stdlib"]
+    for frame in reversed(frames):
+        if not _compat.is_library_file(frame.filename) and not frame.filename.startswith(stdlib):
+            return frame
+    return None

@@ -1,0 +1,144 @@
+"""The instrumented model: the model's calling convention, plus a capture session.
+
+An Equinox module (or any callable pytree) becomes an :class:`InstrumentedModule`, itself
+an ``eqx.Module`` whose only pytree child is the model (so ``eqx.filter_jit``,
+``jax.grad`` w.r.t. the model and ``eqx.partition`` see the model's array leaves) and
+whose capture state is a static field. A plain function becomes an
+:class:`InstrumentedFunction`.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import equinox as eqx
+import jax
+
+from clouseau.capture._session import CaptureSession
+from clouseau.capture.jax import _compat
+from clouseau.capture.jax.build import build_graph
+from clouseau.capture.jax.jaxpr_trace import Split, Traced, signature, split, trace_jaxpr
+from clouseau.capture.jax.lower import Lowered, deliver, lower
+from clouseau.ir.graph import Graph
+from clouseau.ir.passes import insert_saves
+from clouseau.ir.selection import SelectLike
+from clouseau.ir.sink import Sink
+from clouseau.ir.verify import verify
+
+
+@dataclass(frozen=True)
+class _Entry:
+    traced: Traced
+    lowered: Lowered
+
+
+class Core:
+    """Capture state shared by every copy of one instrumented model (a static field)."""
+
+    def __init__(self, sink: Sink, select: SelectLike) -> None:
+        self.sink = sink
+        self.select = select
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[Any, ...], _Entry] = {}
+
+    def call(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self.select is None:
+            return model(*args, **kwargs)
+        parts = split((model, args, kwargs))
+        entry = self.entry(parts, model, args, kwargs)
+        arrays = parts.arrays
+        if any(_compat.is_tracer(a) for a in arrays):
+            outs = entry.lowered.emitting(*arrays)
+        else:
+            outs, saved = entry.lowered.collect(*arrays)
+            deliver(
+                self.sink,
+                entry.lowered.graph_id,
+                entry.lowered.plan.slots,
+                0,
+                *jax.device_get(saved),
+            )
+        traced = entry.traced
+        it = iter(outs)
+        leaves = [
+            next(it) if is_array else static
+            for static, is_array in zip(traced.out_static, traced.out_is_array, strict=True)
+        ]
+        return jax.tree_util.tree_unflatten(traced.out_tree, leaves)
+
+    def entry(
+        self, parts: Split, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> _Entry:
+        key = signature(parts)
+        with self._lock:
+            found = self._entries.get(key)
+            if found is None:
+                traced = trace_jaxpr(model, args, kwargs)
+                graph = verify(insert_saves(build_graph(traced), self.select, strict=True))
+                graph_id = self.sink.add_graph(graph)
+                found = _Entry(traced, lower(traced, graph, graph_id, self.sink))
+                self._entries[key] = found
+            return found
+
+    def graph(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Graph:
+        if self.select is None:
+            return build_graph(trace_jaxpr(model, args, kwargs))
+        return self.entry(split((model, args, kwargs)), model, args, kwargs).lowered.graph
+
+
+class _Session(CaptureSession):
+    """Waits for pending host callbacks before the sink flushes or closes."""
+
+    def flush(self) -> None:
+        """Wait for pending saves, then write everything captured so far."""
+        jax.effects_barrier()
+        super().flush()
+
+    def close(self) -> None:
+        """Wait for pending saves, then flush and close the capture."""
+        jax.effects_barrier()
+        super().close()
+
+
+class InstrumentedModule(eqx.Module, _Session):
+    """An instrumented Equinox module (or callable pytree); call it like the model."""
+
+    model: Any
+    core: Core = eqx.field(static=True)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.core.call(self.model, args, kwargs)
+
+    @property
+    def _sink(self) -> Sink:  # type: ignore[override]
+        return self.core.sink
+
+    def trace(self, *args: Any, **kwargs: Any) -> Graph:
+        """The instrumented graph for these example arguments (traced now if needed)."""
+        return self.core.graph(self.model, args, kwargs)
+
+
+class InstrumentedFunction(_Session):
+    """An instrumented JAX function; call it like the function."""
+
+    def __init__(self, fn: Any, core: Core) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.core = core
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.core.call(self.fn, args, kwargs)
+
+    @property
+    def _sink(self) -> Sink:  # type: ignore[override]
+        return self.core.sink
+
+    def trace(self, *args: Any, **kwargs: Any) -> Graph:
+        """The instrumented graph for these example arguments (traced now if needed)."""
+        return self.core.graph(self.fn, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"InstrumentedFunction({self.fn!r})"

@@ -1,0 +1,87 @@
+"""The PyTorch frontend: trace an ``nn.Module`` into the IR and lower instrumented graphs.
+
+Tracing uses torch.fx with torchvision's node names (``layer1.0.relu_1``); a model fx
+cannot trace (shape-dependent control flow, ``len``/asserts on shapes) falls back to
+``torch.export`` and gets the same style of names from ``nn_module_stack``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from clouseau.capture.torch.ir_build import trace_model
+from clouseau.capture.torch.lower import Lowered, lower
+from clouseau.capture.torch.module import InstrumentedModule, to_numpy
+from clouseau.capture.torch.traced import mark_leaf
+from clouseau.ir.graph import Graph
+from clouseau.ir.selection import SelectLike
+from clouseau.ir.sink import Sink
+
+__all__ = ["InstrumentedModule", "Lowered", "instrument", "lower", "mark_leaf", "to_numpy", "trace"]
+
+
+def trace(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Graph:
+    """Trace ``model(*args, **kwargs)`` into a verified IR graph.
+
+    Parameters
+    ----------
+    model
+        The module to trace; it is left unchanged (no buffer update, no RNG advance).
+    *args, **kwargs
+        Example inputs. Non-tensor arguments are fixed at their values.
+
+    Returns
+    -------
+    Graph
+        Frontend ``TORCH_FX`` or, when fx fails, ``TORCH_EXPORT`` (meta ``fx_error``
+        holds why fx failed).
+
+    Raises
+    ------
+    TypeError
+        ``model`` is not an ``nn.Module``.
+    clouseau.TraceError
+        Neither torch.fx nor torch.export can trace the model.
+    """
+    return trace_model(model, args, kwargs).graph
+
+
+def instrument(
+    model: torch.nn.Module,
+    *,
+    select: SelectLike = "*",
+    sink: Sink,
+    intervene: Mapping[Any, Any] | None = None,
+    grads: Any = False,
+) -> InstrumentedModule:
+    """Wrap ``model`` so that every call hands the ``select``-ed activations to ``sink``.
+
+    Parameters
+    ----------
+    model
+        The module; the result shares its parameters and follows ``train()``/``eval()``.
+    select
+        What to save (see :mod:`clouseau.ir.selection`); ``None`` saves nothing. A
+        selection that matches nothing raises SelectionError at the first trace.
+    sink
+        Where the saved values go (a store from :mod:`clouseau.store`).
+    intervene, grads
+        Interventions and gradient saves: not lowered by the torch frontend yet; anything
+        but ``None``/``{}`` and ``False`` raises NotImplementedError.
+
+    Returns
+    -------
+    InstrumentedModule
+        Called like ``model``, returning equal outputs; ``.trace(*args)`` traces eagerly.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"instrument() takes a torch.nn.Module, not a {type(model).__name__}")
+    if intervene or (grads is not False and grads is not None):
+        raise NotImplementedError(
+            "the torch frontend does not lower interventions or gradient saves yet; "
+            "call instrument() without intervene= and grads="
+        )
+    return InstrumentedModule(model, select, sink)

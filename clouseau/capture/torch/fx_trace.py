@@ -1,0 +1,247 @@
+"""Trace with torch.fx, naming nodes exactly as torchvision's ``get_graph_node_names``."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from clouseau.capture.torch.naming import (
+    INPLACE_OPERATORS,
+    LocalNamer,
+    function_op,
+    qualify,
+    source_from_stack,
+    target_name,
+)
+from clouseau.capture.torch.traced import (
+    NodeInfo,
+    Traced,
+    bind,
+    forward_signature,
+    has_tensor,
+    is_leaf,
+)
+from clouseau.ir.graph import Frontend, NodeKind, Source
+
+
+class InplaceProxy(fx.Proxy):
+    """A proxy on which ``x += y`` records an in-place ``operator.iadd``.
+
+    fx's Proxy has no ``__iadd__``, so Python runs ``x = x + y`` and the traced graph
+    loses the mutation of ``x`` (and of every view of it) that eager mode performs. The
+    node keeps the plain op's name (``add``), so names stay torchvision's.
+    """
+
+
+def _inplace_method(
+    op: Callable[[Any, Any], Any], name: str
+) -> Callable[[fx.Proxy, Any], fx.Proxy]:
+    def method(self: fx.Proxy, other: Any) -> fx.Proxy:
+        return self.tracer.create_proxy("call_function", op, (self, other), {}, name=name)
+
+    return method
+
+
+for _op, _name in INPLACE_OPERATORS.items():
+    setattr(InplaceProxy, f"__{_op.__name__}__", _inplace_method(_op, _name))
+
+
+class NamingTracer(fx.Tracer):
+    """An fx tracer that records, for every node, its torchvision name and module.
+
+    ``_where`` is the (path, class name) of the innermost module being traced. A non-leaf
+    module's output proxy is recorded in ``module_outputs`` so the IR can give the value
+    the module's path as an alias. A module returning a tuple or dict gets no alias (its
+    items keep their own names).
+    """
+
+    def __init__(self, model: torch.nn.Module, arguments: dict[str, Any]) -> None:
+        super().__init__()
+        self.arguments = arguments
+        self._where = ("", type(model).__name__)
+        self.namer = LocalNamer()
+        self.records: dict[fx.Node, tuple[str, str, str, Source | None]] = {}
+        self.module_outputs: dict[fx.Node, list[str]] = {}
+        self.module_calls: dict[str, int] = {}
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return InplaceProxy(node, self)
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return is_leaf(m)
+
+    def call_module(
+        self,
+        m: torch.nn.Module,
+        forward: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        path = self.path_of_module(m)
+        outer, self._where = self._where, (path, type(m).__name__)
+        try:
+            out = super().call_module(m, forward, args, kwargs)
+        finally:
+            self._where = outer
+        if not self.is_leaf_module(m, path):
+            count = self.module_calls.get(path, 0)
+            self.module_calls[path] = count + 1
+            if isinstance(out, fx.Proxy):
+                alias = path if count == 0 else f"{path}_{count}"
+                self.module_outputs.setdefault(out.node, []).append(alias)
+        return out
+
+    def create_node(
+        self,
+        kind: str,
+        target: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        name: str | None = None,
+        type_expr: Any | None = None,
+    ) -> fx.Node:
+        node = super().create_node(kind, target, args, kwargs, name, type_expr)
+        if kind != "output":
+            path, module_type = self._where
+            # torchvision: a leaf-module call is named by its path, anything else by
+            # "<path>.<fx node name>"; the namer replaces fx's global counter by a local one.
+            qualname = path if kind == "call_module" else qualify(path, node.name)
+            source = source_from_stack() if kind != "placeholder" else None
+            self.records[node] = (self.namer.name(qualname), path, module_type, source)
+        return node
+
+    def create_arg(self, a: Any) -> Any:
+        # fx cannot emit a dataclass instance (a model output such as ModelOutput); emit
+        # a call of its constructor so the GraphModule returns the same type.
+        if dataclasses.is_dataclass(a) and not isinstance(a, type):
+            fields = {
+                f.name: self.create_arg(getattr(a, f.name)) for f in dataclasses.fields(a) if f.init
+            }
+            return self.create_node("call_function", type(a), (), fields)
+        return super().create_arg(a)
+
+    def create_args_for_root(
+        self, root_fn: Callable[..., Any], is_module: bool, concrete_args: Any = None
+    ) -> tuple[Callable[..., Any], list[Any]]:
+        # Tensor arguments become placeholders named like the parameter; every other
+        # argument (None, ints, flags, configs) is passed as its value, so control flow on
+        # it is resolved at trace time. The cache key of instrument() includes them.
+        params = list(inspect.signature(root_fn).parameters.values())[1:]
+        positional: list[Any] = []
+        keyword: dict[str, Any] = {}
+        for p in params:
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise TypeError(f"torch.fx cannot trace forward(*{p.name}) / forward(**{p.name})")
+            value = self.arguments[p.name]
+            if has_tensor(value):
+                value = self.create_proxy("placeholder", p.name, (), {})
+            if p.kind is p.KEYWORD_ONLY:
+                keyword[p.name] = value
+            else:
+                positional.append(value)
+        root = self.root
+
+        def call() -> Any:
+            return root_fn(root, *positional, **keyword)
+
+        return call, []
+
+
+def tensor_params(model: torch.nn.Module, arguments: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(name for name, value in arguments.items() if has_tensor(value))
+
+
+def trace_fx(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
+    """Trace ``model`` called with ``args``/``kwargs`` with torch.fx (names as torchvision)."""
+    signature = forward_signature(model)  # once: binding runs on every call
+    arguments = bind(model, args, kwargs, signature)
+    tracer = NamingTracer(model, arguments)
+    before = set(vars(model))
+    try:
+        graph = tracer.trace(model)
+    finally:
+        # fx stores tensors created in forward as attributes of the root module; move them
+        # out so tracing leaves the user's model as it was.
+        constants = {k: vars(model).pop(k) for k in set(vars(model)) - before}
+    root = {
+        node.target: constants[node.target]
+        if node.target in constants
+        else _resolve(model, node.target)
+        for node in graph.nodes
+        if node.op in ("get_attr", "call_module")
+    }
+    gm = fx.GraphModule(root, graph, class_name=type(model).__name__)
+    names = tensor_params(model, arguments)
+    infos = {node.name: _info(model, tracer, node) for node in gm.graph.nodes}
+    return Traced(
+        gm=gm,
+        frontend=Frontend.TORCH_FX,
+        infos=infos,
+        to_inputs=lambda a, kw: _select(bind(model, a, kw, signature), names),
+        from_outputs=lambda out: out,
+    )
+
+
+def _select(arguments: dict[str, Any], names: tuple[str, ...]) -> tuple[Any, ...]:
+    return tuple(arguments[n] for n in names)
+
+
+def _resolve(model: torch.nn.Module, target: str) -> Any:
+    obj: Any = model
+    for atom in target.split("."):
+        obj = getattr(obj, atom)
+    return obj
+
+
+def _info(model: torch.nn.Module, tracer: NamingTracer, node: fx.Node) -> NodeInfo:
+    if node.op == "output":
+        return NodeInfo("output", NodeKind.OUTPUT, "output")
+    name, path, module_type, source = tracer.records[node]
+    aliases = tuple(tracer.module_outputs.get(node, ()))
+    common = {"name": name, "source": source, "aliases": aliases}
+    if node.op == "placeholder":
+        return NodeInfo(kind=NodeKind.INPUT, op="input", target=str(node.target), **common)
+    if node.op == "get_attr":
+        value = _resolve_or_none(model, str(node.target))
+        op = (
+            "parameter"
+            if isinstance(value, torch.nn.Parameter)
+            else "buffer"
+            if value is not None
+            else "constant"
+        )
+        return NodeInfo(
+            kind=NodeKind.CONSTANT,
+            op=op,
+            module=path,
+            module_type=module_type,
+            target=str(node.target),
+            **common,
+        )
+    if node.op == "call_module":
+        cls = type(model.get_submodule(str(node.target)))
+        return NodeInfo(
+            kind=NodeKind.OP, op=cls.__name__.lower(), module=path, module_type=cls.__name__,
+            target=f"{cls.__module__}.{cls.__qualname__}", **common,
+        )  # fmt: skip
+    target = f"Tensor.{node.target}" if node.op == "call_method" else target_name(node.target)
+    return NodeInfo(
+        kind=NodeKind.OP,
+        op=function_op(node.target),
+        module=path,
+        module_type=module_type,
+        target=target,
+        **common,
+    )
+
+
+def _resolve_or_none(model: torch.nn.Module, target: str) -> Any:
+    try:
+        return _resolve(model, target)
+    except AttributeError:
+        return None

@@ -1,0 +1,111 @@
+"""The instrumented torch model: an ``nn.Module`` that runs the lowered graph and saves."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from clouseau.capture._session import CaptureSession
+from clouseau.capture.torch.lower import Lowered, lower
+from clouseau.ir.graph import Graph
+from clouseau.ir.selection import SelectLike
+from clouseau.ir.sink import SavedValue, Sink
+
+
+class InstrumentedModule(torch.nn.Module, CaptureSession):
+    """``model`` that also hands the selected activations of every call to a sink.
+
+    The model is held as the submodule ``model`` (parameters shared, not copied). A graph
+    is traced and lowered lazily per input signature (shapes, dtypes, devices, strides,
+    non-tensor arguments, the training flag of every module) and cached; ``.to()`` and
+    friends drop the cache, as they may replace buffers the lowered graphs read.
+    """
+
+    def __init__(self, model: torch.nn.Module, select: SelectLike, sink: Sink) -> None:
+        super().__init__()
+        self.model = model
+        self._sink = sink
+        self._select = select
+        # Plain dict, not submodules: the lowered graphs hold references to the model's
+        # own modules and weights, which must be registered (and counted) once.
+        self._lowered: dict[Hashable, tuple[Lowered, int]] = {}
+
+    def trace(self, *args: Any, **kwargs: Any) -> Graph:
+        """Trace and lower for this call signature now; returns the graph with its saves."""
+        return self._lower_for(args, kwargs)[0].graph
+
+    def lowered(self, *args: Any, **kwargs: Any) -> Lowered:
+        """The lowered GraphModule for this call signature (e.g. for an ONNX exporter)."""
+        return self._lower_for(args, kwargs)[0]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        lowered, graph_id = self._lower_for(args, kwargs)
+        call = self._sink.begin_call()
+        try:
+            raw = lowered.module(*lowered.inputs(args, kwargs))
+            if lowered.saves:
+                values = [
+                    SavedValue(names=_names(save), node=save.inputs[0].node, array=to_numpy(t))
+                    for save, t in zip(lowered.saves, raw[1], strict=True)
+                ]
+                self._sink.put(call, graph_id, values)
+        except BaseException as error:
+            self._sink.fail_call(call, error)
+            raise
+        self._sink.end_call(call)
+        return lowered.outputs(raw)
+
+    def _lower_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Lowered, int]:
+        key = (_signature(args, kwargs), tuple(m.training for m in self.model.modules()))
+        found = self._lowered.get(key)
+        if found is None:
+            lowered = lower(self.model, args, kwargs, self._select)
+            found = (lowered, self._sink.add_graph(lowered.graph))
+            self._lowered[key] = found
+        return found
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        self._lowered.clear()
+        return super()._apply(fn, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"select={self._select!r}"
+
+
+def _names(save: Any) -> tuple[str, ...]:
+    names = save.attr("names")
+    assert isinstance(names, tuple)
+    return tuple(str(n) for n in names)
+
+
+def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
+    return (tuple(_key(a) for a in args), tuple(sorted((k, _key(v)) for k, v in kwargs.items())))
+
+
+def _key(value: Any) -> Hashable:
+    if isinstance(value, torch.Tensor):
+        return ("T", tuple(value.shape), tuple(value.stride()), value.dtype, value.device)
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, tuple(_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _key(v)) for k, v in value.items()))
+    try:
+        hash(value)
+    except TypeError:
+        return ("repr", type(value).__name__, repr(value))
+    return ("V", type(value), value)
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A host copy of ``t`` with the same dtype, shape and values (C-contiguous)."""
+    t = t.detach().resolve_conj().resolve_neg()
+    if t.dtype is torch.bfloat16:
+        array = t.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    else:
+        array = t.cpu().numpy()
+    # Always copy: on the CPU .numpy() shares memory the model (or user) may write later.
+    return np.array(array, order="C", copy=True)

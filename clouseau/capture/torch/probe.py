@@ -1,0 +1,114 @@
+"""One run of a traced GraphModule on the example inputs: value specs and mutation facts.
+
+The run gives every node's shape and dtype (as fx's ShapeProp does) and, for the
+snapshot semantics of save nodes, which values a *later* node mutates in place. Aliasing is
+observed rather than guessed: two values alias when they share a storage, and a node
+mutates a value when the version counter of one of its inputs moves while it runs (the
+counter is shared by a tensor and all its views). The run leaves the model as it found it:
+buffers (BatchNorm running statistics) are restored and the RNG is forked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from clouseau.capture.torch._compat import tensor_version, tree_leaves
+from clouseau.capture.torch.naming import spec_of
+from clouseau.ir.graph import Spec
+
+StorageKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """``specs`` by fx node name; ``mutated_later``: values a later node changes in place."""
+
+    specs: dict[str, Spec]
+    mutated_later: frozenset[str]
+
+
+class _Recorder(fx.Interpreter):
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm, garbage_collect_values=False)  # keep storages alive and distinct
+        self.specs: dict[str, Spec] = {}
+        self.storages: dict[str, set[StorageKey]] = {}
+        self.mutations: list[set[StorageKey]] = []  # per node, in order
+
+    def run_node(self, n: fx.Node) -> Any:
+        inputs = [t for a in n.all_input_nodes for t in _tensors(self.env[a])]
+        versions = [tensor_version(t) for t in inputs]
+        result = super().run_node(n)
+        mutated = {
+            _storage(t) for t, v in zip(inputs, versions, strict=True) if tensor_version(t) != v
+        }
+        self.mutations.append(mutated)
+        self.specs[n.name] = spec_of(result)
+        self.storages[n.name] = {_storage(t) for t in _tensors(result)}
+        return result
+
+
+def probe(gm: fx.GraphModule, model: torch.nn.Module, inputs: tuple[Any, ...]) -> Probe:
+    """Run ``gm`` once on copies of ``inputs``, leaving ``model``'s state and the RNG as they were."""
+    recorder = _Recorder(gm)
+    copies = tuple(_copy(x) for x in inputs)
+    with torch.no_grad(), _restoring_buffers(model), _forked_rng(inputs):
+        recorder.run(*copies)
+    order = [n.name for n in gm.graph.nodes]
+    later: set[StorageKey] = set()
+    mutated_later: set[str] = set()
+    # Walk backwards: a value needs a snapshot when a node after it mutates its storage.
+    for name, mutated in zip(reversed(order), reversed(recorder.mutations), strict=True):
+        if recorder.storages.get(name, set()) & later:
+            mutated_later.add(name)
+        later |= mutated
+    return Probe(recorder.specs, frozenset(mutated_later))
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def _storage(t: torch.Tensor) -> StorageKey:
+    return (str(t.device), t.untyped_storage().data_ptr())
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, list | tuple) and any(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(_copy(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    return value
+
+
+@contextmanager
+def _restoring_buffers(model: torch.nn.Module) -> Iterator[None]:
+    saved = [
+        (module, name, buf, buf.detach().clone())
+        for module in model.modules()
+        for name, buf in module.named_buffers(recurse=False)
+    ]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for module, name, buf, copy in saved:
+                if getattr(module, name) is not buf:
+                    setattr(module, name, buf)
+                buf.copy_(copy)
+
+
+@contextmanager
+def _forked_rng(inputs: tuple[Any, ...]) -> Iterator[None]:
+    devices = sorted({t.device.index or 0 for t in _tensors(inputs) if t.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices):
+        yield

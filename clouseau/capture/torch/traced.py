@@ -1,0 +1,115 @@
+"""What a tracer (fx or export) hands to the IR builder and the lowering.
+
+Both tracers produce a :class:`Traced`: a runnable ``torch.fx.GraphModule`` that reads the
+model's live parameters through ``get_attr``, the IR facts of each of its nodes (name,
+module, op, source) keyed by fx node name, and the adapters between the user's calling
+convention and the GraphModule's positional inputs and outputs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from clouseau.capture.torch._compat import tree_leaves
+from clouseau.capture.torch.naming import is_leaf_class
+from clouseau.ir.graph import AttrValue, Frontend, NodeKind, Source
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """The IR facts of one fx node; ``aliases`` are module paths whose output it is."""
+
+    name: str
+    kind: NodeKind
+    op: str
+    module: str = ""
+    module_type: str = ""
+    target: str = ""
+    source: Source | None = None
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class Traced:
+    """A traced model. ``infos`` lacks nodes left out of the IR (export's weight inputs)."""
+
+    gm: fx.GraphModule
+    frontend: Frontend
+    infos: Mapping[str, NodeInfo]
+    to_inputs: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
+    from_outputs: Callable[[Any], Any]
+    meta: tuple[tuple[str, AttrValue], ...] = ()
+
+
+_LEAF_MODULES: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+_LEAF_CLASSES: set[type] = set()
+
+
+def mark_leaf(*modules: torch.nn.Module | type) -> None:
+    """Trace these modules (instances or classes) as one node each, without entering them.
+
+    Use it for a submodule whose code torch.fx cannot trace (data-dependent control flow
+    on tensor values): the module runs as is and its output keeps its module-path name.
+
+    Parameters
+    ----------
+    *modules
+        ``nn.Module`` instances (e.g. ``model.encoder.layers[0].attn``) or classes.
+    """
+    for m in modules:
+        if isinstance(m, type) and issubclass(m, torch.nn.Module):
+            _LEAF_CLASSES.add(m)
+        elif isinstance(m, torch.nn.Module):
+            _LEAF_MODULES.add(m)
+        else:
+            raise TypeError(
+                f"mark_leaf takes nn.Module instances or classes, not {type(m).__name__}"
+            )
+
+
+def is_leaf(module: torch.nn.Module) -> bool:
+    """torch.fx's default leaf rule (built-in torch.nn modules), plus what mark_leaf marked."""
+    return module in _LEAF_MODULES or type(module) in _LEAF_CLASSES or is_leaf_class(type(module))
+
+
+def is_leaf_type_name(qualified: str) -> bool:
+    """:func:`is_leaf` for torch.export's ``nn_module_stack`` class names."""
+    if any(f"{c.__module__}.{c.__qualname__}" == qualified for c in _LEAF_CLASSES):
+        return True
+    builtin = qualified.startswith(("torch.nn.", "torch.ao.nn."))
+    return builtin and qualified.rsplit(".", 1)[-1] not in ("Sequential",)
+
+
+def forward_signature(model: torch.nn.Module) -> inspect.Signature:
+    return inspect.signature(model.forward)
+
+
+def bind(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    signature: inspect.Signature | None = None,
+) -> dict[str, Any]:
+    """The arguments of ``model.forward`` by parameter name, defaults applied."""
+    bound = (signature or forward_signature(model)).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def has_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) or any(
+        isinstance(leaf, torch.Tensor) for leaf in tree_leaves(value)
+    )
+
+
+def canonical_kwargs(model: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` ordered as ``forward`` declares them, so a flattened call is stable."""
+    order = {name: i for i, name in enumerate(forward_signature(model).parameters)}
+    return dict(sorted(kwargs.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])))
