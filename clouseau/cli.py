@@ -363,7 +363,7 @@ def _cmd_draw(args: argparse.Namespace, console: Console) -> int:
 
 # -- export-onnx ----------------------------------------------------------------------------
 def _cmd_export(args: argparse.Namespace, console: Console) -> int:
-    from clouseau.exporters.onnx import export_onnx
+    from clouseau.api import export_onnx
 
     model = load_factory(args.model)
     example = make_inputs(model, [parse_input(s) for s in args.input], args.seed)

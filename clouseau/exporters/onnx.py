@@ -2,15 +2,15 @@
 
 ``clouseau.export_onnx(model, (x,), "model.onnx", select="relu*")`` writes an ONNX model
 whose outputs are the model's outputs followed by one output per selected point, named by
-the point (``layer1.0.relu_1``). PyTorch models go through the instrumented
-``torch.fx.GraphModule`` of the torch frontend and ``torch.onnx.export``; JAX functions
-and Equinox modules through clouseau's own jaxpr -> ONNX lowering (``onnx_jax.py``).
+the point (``layer1.0.relu_1``). The public function asks the model's frontend to lower it
+and hands the result here (exporters never import frontends): PyTorch models come as the
+instrumented ``torch.fx.GraphModule`` and go through ``torch.onnx.export``; JAX functions
+and Equinox modules come as a jaxpr and go through clouseau's own lowering (``onnx_jax.py``).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +18,6 @@ from typing import Any
 
 from clouseau.ir.errors import ClouseauError, MissingExtraError
 from clouseau.ir.graph import Graph, NodeKind
-from clouseau.ir.selection import SelectLike
 
 OPSET = 18
 
@@ -42,32 +41,31 @@ class OnnxExport:
     graph: Graph
 
 
-def export_onnx(
-    model: Any,
-    example_args: Any,
+def export_lowered(
+    lowered: Any,
+    framework: str,
     output: str | os.PathLike[str],
-    select: SelectLike = None,
     *,
-    example_kwargs: dict[str, Any] | None = None,
+    model: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
     opset: int = OPSET,
     check: bool = True,
 ) -> OnnxExport:
-    """Export ``model`` called on ``example_args`` to ONNX, with activations as outputs.
+    """Write the ONNX model of a frontend's lowered computation (see ``clouseau.export_onnx``).
 
     Parameters
     ----------
-    model
-        A ``torch.nn.Module`` (exported in its current train/eval mode; use ``eval()``
-        for inference), a JAX function, or an Equinox module.
-    example_args
-        The positional example inputs: a tuple, or a single tensor/array.
+    lowered
+        What the frontend's ``lower(model, args, kwargs, select)`` returned: for
+        ``framework="torch"`` a GraphModule returning ``(outputs, saves)`` with its IR,
+        for ``"jax"`` the closed jaxpr, its IR and the slots of the saves.
+    framework
+        ``"torch"`` or ``"jax"``.
     output
         The ``.onnx`` file to write.
-    select
-        Points to add as outputs (as for ``instrument``); each output is named by its
-        point name. ``None`` exports the model's outputs only.
-    example_kwargs
-        Keyword example inputs.
+    model, args, kwargs
+        The model and its example inputs.
     opset
         The ONNX opset (default 18).
     check
@@ -87,18 +85,15 @@ def export_onnx(
         import onnx
     except ImportError:
         raise MissingExtraError("onnx", "onnx") from None
-    args = example_args if isinstance(example_args, tuple) else (example_args,)
-    kwargs = dict(example_kwargs or {})
     path = Path(output)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(model, torch.nn.Module):
-        graph, points = _export_torch(model, args, kwargs, path, select, opset)
+    if framework == "torch":
+        graph, points = _export_torch(lowered, model, args, kwargs, path, opset)
         proto = onnx.load(str(path))
     else:
         from clouseau.exporters.onnx_jax import export_jax
 
-        proto, graph, points = export_jax(model, args, kwargs, select, opset)
+        proto, graph, points = export_jax(lowered, opset)
         onnx.save(proto, str(path))
     if check:
         try:
@@ -117,18 +112,15 @@ def _first_name(save: Any) -> str:
 
 
 def _export_torch(
+    lowered: Any,
     model: Any,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     path: Path,
-    select: SelectLike,
     opset: int,
 ) -> tuple[Graph, tuple[str, ...]]:
     import torch
 
-    from clouseau.capture.torch import lower
-
-    lowered = lower(model, args, kwargs, select)
     inputs = tuple(lowered.inputs(args, kwargs))
     # Inputs and parameters are not repeated as outputs (ONNX values have one name).
     keep = tuple(i for i, s in enumerate(lowered.saves) if not _is_leaf_value(lowered.graph, s))

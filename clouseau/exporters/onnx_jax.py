@@ -140,9 +140,7 @@ def _inner_jaxpr(params: dict[str, Any]) -> Any:
     return None
 
 
-def export_jax(
-    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], select: Any, opset: int = OPSET
-) -> tuple[onnx.ModelProto, Graph, tuple[str, ...]]:
+def export_jax(lowered: Any, opset: int = OPSET) -> tuple[onnx.ModelProto, Graph, tuple[str, ...]]:
     """The ONNX model of ``model(*args, **kwargs)`` with the ``select``-ed points as outputs.
 
     Parameters are stored as initializers named by their pytree path; array arguments
@@ -150,14 +148,7 @@ def export_jax(
     array outputs (``output`` or ``output_0``, ``output_1``...), then one per selected
     point, named by the point.
     """
-    from clouseau.capture.jax.build import build_graph
-    from clouseau.capture.jax.jaxpr_trace import split, trace_jaxpr
-    from clouseau.capture.jax.lower import make_plan
-    from clouseau.ir.passes import insert_saves
-
-    traced = trace_jaxpr(model, args, kwargs)
-    graph = insert_saves(build_graph(traced), select)
-    plan = make_plan(graph)
+    traced, graph, plan = lowered.traced, lowered.graph, lowered.plan
     # Inputs and parameters are not repeated as outputs (ONNX values have one name).
     leaf_kinds = (NodeKind.INPUT, NodeKind.CONSTANT)
     plan = replace(
@@ -170,7 +161,7 @@ def export_jax(
         )
     conv = Converter(graph, [s.names[0] for s in plan.slots])
     closed = traced.jaxpr
-    arrays = split((model, args, kwargs)).arrays
+    arrays = lowered.arrays
     names: list[str] = []
     inputs: list[onnx.ValueInfoProto] = []
     for hint, is_param, array, var in zip(

@@ -2,7 +2,8 @@
 
 ``select`` is a glob, a sequence of globs (``"!glob"`` excludes), a callable
 ``Point -> bool``, a :class:`Selector`, or ``None`` (nothing). Selectors combine with
-``&``, ``|`` and ``~``. A glob with a dot matches the full name; a glob without a dot
+``&``, ``|`` and ``~``. An object with a ``for_graph(graph)`` method is asked for the
+selection of each graph (for selections that depend on the whole graph). A glob with a dot matches the full name; a glob without a dot
 matches the last name component or the op of the node (``"relu*"`` selects every ReLU,
 module or function).
 """
@@ -13,7 +14,6 @@ import difflib
 import fnmatch
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Union
 
 from clouseau.ir.errors import SelectionError
 from clouseau.ir.graph import Graph, Point
@@ -76,7 +76,7 @@ class Selector:
         return Selector(lambda p: True, "all")
 
 
-SelectLike = Union[str, Sequence[str], Callable[[Point], bool], Selector, None]
+SelectLike = str | Sequence[str] | Callable[[Point], bool] | Selector | None
 
 
 def glob_matches(pattern: str, point: Point) -> bool:
@@ -121,7 +121,9 @@ def _any(selectors: tuple[Selector, ...]) -> Selector:
 
 def _check_glob(pattern: str) -> None:
     if not isinstance(pattern, str) or not pattern or pattern.startswith("!"):
-        raise SelectionError(f"invalid glob {pattern!r}: a glob is a non-empty string; '!' may only lead an item of select")
+        raise SelectionError(
+            f"invalid glob {pattern!r}: a glob is a non-empty string; '!' may only lead an item of select"
+        )
     if pattern.count("[") != pattern.count("]"):
         raise SelectionError(f"invalid glob {pattern!r}: unbalanced '[' ']'")
 
@@ -132,6 +134,11 @@ def select_points(graph: Graph, select: SelectLike, *, strict: bool = True) -> t
     With ``strict``, a non-empty selection that picks nothing (or a glob in a list that
     matches no point) raises SelectionError naming the pattern and the closest names.
     """
+    bind = getattr(select, "for_graph", None)
+    if callable(bind):
+        # A selection that depends on the whole graph (which value the model returns, say)
+        # binds to it first: select.for_graph(graph) -> any other kind of select.
+        return select_points(graph, bind(graph), strict=strict)
     selector = as_selector(select)
     chosen = tuple(p for p in graph.points if selector(p))
     if strict and select is not None and not _is_empty_list(select):
@@ -158,7 +165,9 @@ def _positive_globs(select: SelectLike) -> Iterable[str]:
 def _nothing_matched(pattern: str, graph: Graph) -> str:
     names = graph.names()
     query = pattern.strip("'\"*?[]")
-    candidates = list(names) + sorted({n.rsplit(".", 1)[-1] for n in names} | {p.op for p in graph.points})
+    candidates = list(names) + sorted(
+        {n.rsplit(".", 1)[-1] for n in names} | {p.op for p in graph.points}
+    )
     return (
         f"select {pattern} matched no point of {graph.name or 'the graph'} "
         f"({len(names)} points); closest names: {closest(query, candidates)}. "

@@ -12,16 +12,19 @@ Tracing uses ``jax.make_jaxpr`` with module and activation markers
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import equinox as eqx
 import jax
 
 from clouseau.capture.jax.build import build_graph
-from clouseau.capture.jax.jaxpr_trace import trace_jaxpr
+from clouseau.capture.jax.jaxpr_trace import Traced, split, trace_jaxpr
+from clouseau.capture.jax.lower import Plan, make_plan
 from clouseau.capture.jax.module import Core, InstrumentedFunction, InstrumentedModule
 from clouseau.capture.jax.naming import ACTIVATIONS, TORCH_KEY_MAP, map_keys
 from clouseau.ir.graph import Graph
+from clouseau.ir.passes import insert_saves
 from clouseau.ir.selection import SelectLike
 from clouseau.ir.sink import Sink
 
@@ -30,7 +33,9 @@ __all__ = [
     "TORCH_KEY_MAP",
     "InstrumentedFunction",
     "InstrumentedModule",
+    "Lowered",
     "instrument",
+    "lower",
     "map_keys",
     "trace",
 ]
@@ -97,6 +102,29 @@ def instrument(
     if isinstance(model, eqx.Module) or _has_arrays(model):
         return InstrumentedModule(model, core)
     return InstrumentedFunction(model, core)
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """What an exporter needs to rebuild the instrumented computation elsewhere (ONNX).
+
+    ``traced.jaxpr`` is the closed jaxpr whose invars are ``arrays`` (the array leaves of
+    ``(model, args, kwargs)``, named by ``traced.in_names``); ``graph`` is its IR with the
+    save nodes; ``plan.slots`` say at which equation (key, output) each saved value lies.
+    """
+
+    traced: Traced
+    graph: Graph
+    plan: Plan
+    arrays: tuple[Any, ...]
+
+
+def lower(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], select: SelectLike) -> Lowered:
+    """Trace ``model(*args, **kwargs)`` and insert the saves of ``select``, for exporters."""
+    _check_model(model)
+    traced = trace_jaxpr(model, args, kwargs)
+    graph = insert_saves(build_graph(traced), select)
+    return Lowered(traced, graph, make_plan(graph), split((model, args, kwargs)).arrays)
 
 
 def _check_model(model: Any) -> None:
