@@ -259,10 +259,14 @@ class Graph:
 
     @cached_property
     def points(self) -> tuple[Point, ...]:
-        """Every selectable tensor value, in execution order; aliases follow their node."""
+        """Every selectable tensor value, in execution order; aliases follow their node.
+
+        Parameters, buffers and literals (CONSTANT nodes) are not points: they are the
+        model's state, not its activations, and would be written again on every call.
+        """
         found: list[Point] = []
         for node in self.nodes:
-            if node.kind in INSTRUMENTATION or node.kind is NodeKind.OUTPUT:
+            if node.kind in INSTRUMENTATION or node.kind in (NodeKind.OUTPUT, NodeKind.CONSTANT):
                 continue
             for i, spec in enumerate(node.outputs):
                 if isinstance(spec, TensorSpec):
