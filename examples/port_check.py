@@ -27,12 +27,18 @@ def torch_mlp() -> torch.nn.Sequential:
 def equinox_port(model: torch.nn.Sequential) -> eqx.nn.Sequential:
     """The same weights in Equinox (its Linear stores weight as (out, in) like PyTorch)."""
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
-    layers = [eqx.nn.Linear(8, 16, key=keys[0]), eqx.nn.Lambda(jax.nn.relu), eqx.nn.Linear(16, 4, key=keys[1])]
+    layers = [
+        eqx.nn.Linear(8, 16, key=keys[0]),
+        eqx.nn.Lambda(jax.nn.relu),
+        eqx.nn.Linear(16, 4, key=keys[1]),
+    ]
     port = eqx.nn.Sequential(layers)
     for i in (0, 2):
         weight = jnp.asarray(model[i].weight.detach().numpy())
         bias = jnp.asarray(model[i].bias.detach().numpy())
-        port = eqx.tree_at(lambda m, i=i: (m.layers[i].weight, m.layers[i].bias), port, (weight, bias))
+        port = eqx.tree_at(
+            lambda m, i=i: (m.layers[i].weight, m.layers[i].bias), port, (weight, bias)
+        )
     return port
 
 
@@ -49,7 +55,9 @@ def main() -> None:
 
     result = clouseau.diff(root / "jax", root / "torch", key_map={r"^layers\.": ""})
     print(result.summary())
-    print(f"\nThe same from a shell: clouseau diff {root / 'jax'} {root / 'torch'} --key-map '^layers\\.' ''")
+    print(
+        f"\nThe same from a shell: clouseau diff {root / 'jax'} {root / 'torch'} --key-map '^layers\\.' ''"
+    )
 
 
 if __name__ == "__main__":

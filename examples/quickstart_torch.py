@@ -85,7 +85,9 @@ def main() -> None:
         )  # fmt: skip
     console = Console(width=None if sys.stdout.isatty() else 110)
     console.print(table)
-    console.print(f"Every point of the model: clouseau.trace(model, x).names() -> {len(clouseau.trace(model, x).names())} names")
+    console.print(
+        f"Every point of the model: clouseau.trace(model, x).names() -> {len(clouseau.trace(model, x).names())} names"
+    )
     console.print(f"Look at it on disk: clouseau show {path} --stats")
 
 
