@@ -10,6 +10,7 @@ drop-in model that writes those activations to safetensors::
 """
 
 from clouseau.api import diff, draw, export_onnx, instrument, trace
+from clouseau.ir.actions import add, clamp, mean_ablate, noise, patch, replace, scale, zero
 from clouseau.ir.errors import CaptureError, ClouseauError, SelectionError, TraceError
 from clouseau.ir.graph import Graph, Point
 from clouseau.ir.selection import Selector
@@ -26,10 +27,18 @@ __all__ = [
     "SelectionError",
     "Selector",
     "TraceError",
+    "add",
+    "clamp",
     "diff",
     "draw",
     "export_onnx",
     "instrument",
     "load",
+    "mean_ablate",
+    "noise",
+    "patch",
+    "replace",
+    "scale",
     "trace",
+    "zero",
 ]

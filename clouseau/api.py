@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from clouseau.capture import frontend_for
+from clouseau.ir.actions import Action
 from clouseau.ir.graph import Graph
-from clouseau.ir.selection import SelectLike
+from clouseau.ir.interventions import check_intervene
+from clouseau.ir.selection import SelectLike, check_select
 from clouseau.store import open_sink
 
 DEFAULT_PATH = ".clouseau"
@@ -38,6 +41,9 @@ def instrument(
     path: str | os.PathLike[str] | None = DEFAULT_PATH,
     max_size_mb: float = 1024,
     filename_pattern: str = DEFAULT_PATTERN,
+    *,
+    intervene: Mapping[Any, Action] | None = None,
+    grads: bool | SelectLike = False,
 ) -> Any:
     """Compile ``model`` into a drop-in model that saves the selected activations.
 
@@ -56,6 +62,17 @@ def instrument(
         Files roll over at this size; an array is never split.
     filename_pattern
         File names, with an ``{idx}`` field numbering the rolled files.
+    intervene
+        ``{pattern: action}``: change the value at every point a pattern selects, so the
+        rest of the model (and the save of that point) sees the new value. Actions:
+        :func:`clouseau.zero`, :func:`~clouseau.scale`, :func:`~clouseau.add`,
+        :func:`~clouseau.clamp`, :func:`~clouseau.noise`, :func:`~clouseau.mean_ablate`,
+        :func:`~clouseau.replace`, :func:`~clouseau.patch`. See docs/interventions.md.
+    grads
+        ``True``: also save the gradient of every selected point, as ``<name>.grad`` in
+        the same call, when the user runs ``loss.backward()`` (torch) or differentiates
+        the model with ``jax.grad``; a glob (or any selection): the gradients of the
+        points it selects.
 
     Returns
     -------
@@ -64,26 +81,71 @@ def instrument(
     on the first call per input signature; ``fmodel.trace(*args)`` traces eagerly.
     """
     frontend = frontend_for(model)
+    # Bad arguments fail before the sink opens: opening it replaces an earlier capture.
+    check_select(select)
+    intervene = check_intervene(intervene)
     sink = open_sink(path, max_size_mb, filename_pattern)
     try:
-        return frontend.instrument(model, select=select, sink=sink)
+        return frontend.instrument(
+            model, select=select, sink=sink, intervene=intervene, grads=grads
+        )
     except BaseException:
         sink.close()
         raise
 
 
-def draw(source: Any, output: str | os.PathLike[str], select: SelectLike = None, **options: Any) -> Any:
+def draw(
+    source: Any, output: str | os.PathLike[str], select: SelectLike = None, **options: Any
+) -> Any:
     """Draw a graph, an instrumented model or a capture directory to .pdf/.svg/.png/.dot."""
     from clouseau.exporters.graphviz import draw as _draw
 
     return _draw(source, output, select=select, **options)
 
 
-def export_onnx(model: Any, example_args: Any, output: str | os.PathLike[str], select: SelectLike = None, **options: Any) -> Any:
-    """Export ``model`` to ONNX with the selected activations as extra named outputs."""
-    from clouseau.exporters.onnx import export_onnx as _export
+def export_onnx(
+    model: Any,
+    example_args: Any,
+    output: str | os.PathLike[str],
+    select: SelectLike = None,
+    *,
+    example_kwargs: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    """Export ``model`` to ONNX with the selected activations as extra named outputs.
 
-    return _export(model, example_args, output, select=select, **options)
+    Parameters
+    ----------
+    model
+        A ``torch.nn.Module`` (exported in its current train/eval mode), a JAX function,
+        or an Equinox module.
+    example_args
+        The positional example inputs: a tuple, or a single tensor/array.
+    output
+        The ``.onnx`` file to write.
+    select
+        Points to add as outputs, each named by its point name; ``None``: the model's
+        outputs only.
+    example_kwargs
+        Keyword example inputs.
+    **options
+        ``opset`` (default 18), ``check`` (run ``onnx.checker``, default True).
+
+    Returns
+    -------
+    clouseau.exporters.onnx.OnnxExport
+        The path, the ONNX input and output names, the exported points and the IR.
+    """
+    from clouseau.exporters.onnx import export_lowered
+
+    args = example_args if isinstance(example_args, tuple) else (example_args,)
+    kwargs = dict(example_kwargs or {})
+    frontend = frontend_for(model, args)
+    framework = frontend.__name__.rsplit(".", 1)[-1]
+    lowered = frontend.lower(model, args, kwargs, select)
+    return export_lowered(
+        lowered, framework, output, model=model, args=args, kwargs=kwargs, **options
+    )
 
 
 def diff(a: Any, b: Any, **options: Any) -> Any:

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from clouseau.ir.graph import DType, Graph, Node, NodeKind, OpaqueSpec, Ref, Spec
+from clouseau.ir.passes import producer_of
 from clouseau.ir.selection import SelectLike, select_points
 
 # Above this many drawn nodes, labels drop their module prefix (the cluster shows it).
@@ -25,6 +26,7 @@ _COLORS = {
     "output": "#bbdefb",
     "module": "#e0e0e0",
     "constant": "#f5f5f5",
+    "intervene": "#f8bbd0",
 }
 _CLUSTER_FILLS = ("#f7f9fc", "#eef3fa", "#e4ecf7", "#dae5f3")
 
@@ -103,7 +105,7 @@ class _Builder:
 
     # -- which node goes where ---------------------------------------------------------
     def _is_drawn(self, node: Node) -> bool:
-        if node.kind is NodeKind.SAVE:
+        if node.kind in (NodeKind.SAVE, NodeKind.SAVE_GRAD):
             return False
         return node.kind is not NodeKind.CONSTANT or self.options.constants
 
@@ -117,6 +119,8 @@ class _Builder:
         depth = self.options.depth
         for node in self.drawn:
             home = container(node) if node.kind is NodeKind.OP else ""
+            if node.kind is NodeKind.INTERVENE:  # beside the value it changes
+                home = container(self.graph.node(producer_of(self.graph, node.inputs[0]).node))
             chain = self._modules_of(home)
             if depth is not None and len(chain) > depth:
                 # Everything below the depth-th module collapses into its first child module.
@@ -288,6 +292,14 @@ class _Builder:
         elif node.kind is NodeKind.OUTPUT:
             attrs["label"] = "<<B>output</B>>"
             attrs |= {"shape": "house", "style": '"filled"', "fillcolor": _quote(_COLORS["output"])}
+        elif node.kind is NodeKind.INTERVENE:
+            action = str(node.attr("action", "intervene"))
+            attrs["label"] = f'<<B>{_esc(action)}</B><BR/><FONT POINT-SIZE="8">intervention</FONT>>'
+            attrs |= {
+                "shape": "cds",
+                "style": '"filled"',
+                "fillcolor": _quote(_COLORS["intervene"]),
+            }
         elif node.kind is NodeKind.CONSTANT:
             attrs["label"] = f"<{_esc(name)}>"
             attrs |= {"shape": "note", "fontsize": "8", "fillcolor": _quote(_COLORS["constant"])}
@@ -380,7 +392,9 @@ def _saved_names(graph: Graph, select: SelectLike) -> dict[str, tuple[str, ...]]
         if node.kind is NodeKind.SAVE and node.inputs:
             names = node.attr("names", ())
             names = names if isinstance(names, tuple) else (names,)
-            saved.setdefault(node.inputs[0].node, []).extend(str(n) for n in names)
+            # An intervened value is saved after the intervention; mark its producer.
+            producer = producer_of(graph, node.inputs[0]).node
+            saved.setdefault(producer, []).extend(str(n) for n in names)
     if select is not None:
         for point in select_points(graph, select):
             saved.setdefault(point.ref.node, []).append(point.name)

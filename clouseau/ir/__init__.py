@@ -1,5 +1,6 @@
 """The shared IR of clouseau. Imports no framework (no torch, jax, onnx, safetensors)."""
 
+from clouseau.ir.actions import Action, ActionKind, ArrayOps
 from clouseau.ir.errors import (
     CaptureError,
     ClouseauError,
@@ -22,12 +23,16 @@ from clouseau.ir.graph import (
     Spec,
     TensorSpec,
 )
-from clouseau.ir.passes import insert_saves, strip_saves
+from clouseau.ir.interventions import Rewritten, insert_grad_saves, insert_interventions, rewrite
+from clouseau.ir.passes import insert_saves, producer_of, strip_saves
 from clouseau.ir.selection import Selector, select_points
 from clouseau.ir.sink import SavedValue, Sink
 from clouseau.ir.verify import verify
 
 __all__ = [
+    "Action",
+    "ActionKind",
+    "ArrayOps",
     "CaptureError",
     "ClouseauError",
     "DType",
@@ -40,6 +45,7 @@ __all__ = [
     "OpaqueSpec",
     "Point",
     "Ref",
+    "Rewritten",
     "SavedValue",
     "SelectionError",
     "Selector",
@@ -49,7 +55,11 @@ __all__ = [
     "TensorSpec",
     "TraceError",
     "VerificationError",
+    "insert_grad_saves",
+    "insert_interventions",
     "insert_saves",
+    "producer_of",
+    "rewrite",
     "select_points",
     "strip_saves",
     "verify",

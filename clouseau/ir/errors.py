@@ -23,6 +23,10 @@ class TraceError(ClouseauError, RuntimeError):
     """A model could not be traced into the IR."""
 
 
+class ArgumentError(ClouseauError, TypeError):
+    """The arguments of a call do not fit the model's signature (count or names)."""
+
+
 class CaptureError(ClouseauError, OSError):
     """A capture could not be written or read (path, disk, file format)."""
 

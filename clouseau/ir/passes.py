@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from clouseau.ir.graph import Graph, Node, NodeKind, Point, Ref
+from clouseau.ir.graph import INSTRUMENTATION, Graph, Node, NodeKind, Point, Ref
 from clouseau.ir.selection import SelectLike, select_points
 
 SAVE_PREFIX = "save."
@@ -24,15 +24,23 @@ def insert_saves_for(graph: Graph, points: Sequence[Point]) -> Graph:
     by_ref: dict[Ref, list[str]] = {}
     for point in points:
         by_ref.setdefault(point.ref, []).append(point.name)
+    # An intervened value is saved as changed: after its intervene node, reading it.
+    intervened = {n.inputs[0]: n for n in graph.nodes if n.kind is NodeKind.INTERVENE}
     nodes: list[Node] = []
     for node in graph.nodes:
         nodes.append(node)
-        if node.kind is NodeKind.SAVE:
+        if node.kind is NodeKind.INTERVENE:
+            names = by_ref.get(node.inputs[0])
+            if names:
+                nodes.append(save_node(Ref(node.name), tuple(names)))
+            continue
+        if node.kind in INSTRUMENTATION:
             continue
         for index in range(len(node.outputs)):
-            names = by_ref.get(Ref(node.name, index))
-            if names:
-                nodes.append(save_node(Ref(node.name, index), tuple(names)))
+            ref = Ref(node.name, index)
+            names = by_ref.get(ref)
+            if names and ref not in intervened:
+                nodes.append(save_node(ref, tuple(names)))
     return graph.with_nodes(_output_last(nodes))
 
 
@@ -49,6 +57,18 @@ def save_node(ref: Ref, names: tuple[str, ...]) -> Node:
 def strip_saves(graph: Graph) -> Graph:
     """The graph without its save nodes (the inverse of :func:`insert_saves`)."""
     return graph.with_nodes(tuple(n for n in graph.nodes if n.kind is not NodeKind.SAVE))
+
+
+def producer_of(graph: Graph, ref: Ref) -> Ref:
+    """The value ``ref`` stands for: through intervene nodes, the original producer's output.
+
+    Frontends name saved values and find them in the model's own graph with it.
+    """
+    node = graph.node(ref.node)
+    while node.kind is NodeKind.INTERVENE:
+        ref = node.inputs[0]
+        node = graph.node(ref.node)
+    return ref
 
 
 def _output_last(nodes: list[Node]) -> tuple[Node, ...]:

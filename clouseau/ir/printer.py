@@ -8,6 +8,9 @@
       save %fc1 as fc1
       return %fc1
     }
+
+Rewrite passes add ``save``, ``save_grad %fc1 as fc1.grad`` and intervene lines such as
+``%intervene.fc1 : f32[2,16] = intervene[scale(0.5)](%fc1)``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,12 @@ def format_node(node: Node, *, sources: bool = True) -> str:
     args = ", ".join(map(str, node.inputs))
     if node.kind is NodeKind.SAVE:
         return f"save {args} as {', '.join(_str_tuple(node.attr('names')))}"
+    if node.kind is NodeKind.SAVE_GRAD:
+        return f"save_grad {args} as {', '.join(_str_tuple(node.attr('names')))}"
+    if node.kind is NodeKind.INTERVENE:
+        # The action reads as the op, so the line says what downstream sees instead.
+        outs = ", ".join(map(str, node.outputs))
+        return f"%{node.name} : {outs} = intervene[{node.attr('action')}]({args})"
     if node.kind is NodeKind.OUTPUT:
         return f"return {args}"
     outs = ", ".join(map(str, node.outputs))
@@ -38,7 +47,9 @@ def format_node(node: Node, *, sources: bool = True) -> str:
     if shown_attrs:
         text += " {" + ", ".join(f"{k}={_format_attr(v)}" for k, v in shown_attrs) + "}"
     if node.module:
-        text += f"  @{node.module} ({node.module_type})" if node.module_type else f"  @{node.module}"
+        text += (
+            f"  @{node.module} ({node.module_type})" if node.module_type else f"  @{node.module}"
+        )
     if node.aliases:
         text += "  aka " + ", ".join(a if i == 0 else f"{a}<-:{i}" for i, a in node.aliases)
     if sources and node.source is not None:

@@ -107,6 +107,12 @@ def as_selector(select: SelectLike) -> Selector:
     )
 
 
+def check_select(select: SelectLike) -> None:
+    """Raise SelectionError now for a select that no graph can accept (type, glob syntax)."""
+    if not callable(getattr(select, "for_graph", None)):
+        as_selector(select)
+
+
 def _from_globs(patterns: tuple[str, ...]) -> Selector:
     include = tuple(Selector.glob(p) for p in patterns if not p.startswith("!"))
     exclude = tuple(Selector.glob(p[1:]) for p in patterns if p.startswith("!"))

@@ -1,14 +1,14 @@
 """The one verifier of the IR. Tests run it after every pass; frontends after every trace.
 
 It checks what every consumer of a graph relies on: unique names, references to values
-defined earlier, one output node at the end, save nodes that read a tensor, and the same
-for every subgraph.
+defined earlier, one output node at the end, save and intervene nodes that read a tensor
+(an intervene node keeping its spec), and the same for every subgraph.
 """
 
 from __future__ import annotations
 
 from clouseau.ir.errors import VerificationError
-from clouseau.ir.graph import Graph, Node, NodeKind, TensorSpec
+from clouseau.ir.graph import INSTRUMENTATION, Graph, Node, NodeKind, TensorSpec
 from clouseau.ir.printer import format_node
 
 _FORBIDDEN_IN_NAMES = frozenset(" \t\n#%,")
@@ -26,9 +26,7 @@ def verify(graph: Graph) -> Graph:
         for ref in node.inputs:
             producer = defined.get(ref.node)
             if producer is None:
-                raise VerificationError(
-                    f"{where}: reads {ref}, which is not defined before it"
-                )
+                raise VerificationError(f"{where}: reads {ref}, which is not defined before it")
             if not 0 <= ref.index < len(producer.outputs):
                 raise VerificationError(
                     f"{where}: reads {ref}, but {ref.node!r} has {len(producer.outputs)} output(s)"
@@ -37,9 +35,13 @@ def verify(graph: Graph) -> Graph:
         for index, alias in node.aliases:
             _check_name(alias, where)
             if not 0 <= index < len(node.outputs):
-                raise VerificationError(f"{where}: alias {alias!r} names output {index}, which does not exist")
-        if node.kind not in (NodeKind.SAVE, NodeKind.OUTPUT):
-            names = [node.output_name(i) for i in range(len(node.outputs))] + [a for _, a in node.aliases]
+                raise VerificationError(
+                    f"{where}: alias {alias!r} names output {index}, which does not exist"
+                )
+        if node.kind not in INSTRUMENTATION and node.kind is not NodeKind.OUTPUT:
+            names = [node.output_name(i) for i in range(len(node.outputs))] + [
+                a for _, a in node.aliases
+            ]
             for name in names:
                 if name in point_names:
                     raise VerificationError(f"{where}: the point name {name!r} is used twice")
@@ -60,17 +62,41 @@ def _check_kind(graph: Graph, position: int, node: Node, defined: dict[str, Node
             raise VerificationError(f"{where}: the output node must be the last node")
     elif position == len(graph.nodes) - 1:
         raise VerificationError(f"{where}: the graph must end with an output node")
-    if node.kind is NodeKind.SAVE:
+    if node.kind in (NodeKind.SAVE, NodeKind.SAVE_GRAD):
         if len(node.inputs) != 1 or node.outputs:
             raise VerificationError(f"{where}: a save node reads one value and produces none")
-        ref = node.inputs[0]
-        if not isinstance(defined[ref.node].outputs[ref.index], TensorSpec):
-            raise VerificationError(f"{where}: saves {ref}, which is not a tensor")
-        names = node.attr("names")
-        if not isinstance(names, tuple) or not names:
-            raise VerificationError(f"{where}: a save node needs a non-empty 'names' attribute")
+        _check_reads_tensor(node, defined, where)
+        _check_names(node, where)
+    if node.kind is NodeKind.INTERVENE:
+        if len(node.inputs) != 1:
+            raise VerificationError(f"{where}: an intervene node reads one value")
+        spec = _check_reads_tensor(node, defined, where)
+        # Consumers were typed against the original value: the action must keep its spec.
+        if node.outputs != (spec,):
+            raise VerificationError(
+                f"{where}: an intervene node produces one value of its input's spec ({spec})"
+            )
+        if not isinstance(node.attr("action"), str):
+            raise VerificationError(f"{where}: an intervene node needs an 'action' attribute")
+        _check_names(node, where)
     if node.kind is NodeKind.INPUT and node.inputs:
         raise VerificationError(f"{where}: an input node reads no value")
+
+
+def _check_reads_tensor(node: Node, defined: dict[str, Node], where: str) -> TensorSpec:
+    ref = node.inputs[0]
+    spec = defined[ref.node].outputs[ref.index]
+    if not isinstance(spec, TensorSpec):
+        raise VerificationError(f"{where}: reads {ref}, which is not a tensor")
+    return spec
+
+
+def _check_names(node: Node, where: str) -> None:
+    names = node.attr("names")
+    if not isinstance(names, tuple) or not names:
+        raise VerificationError(
+            f"{where}: a {node.kind.value} node needs a non-empty 'names' attribute"
+        )
 
 
 def _check_name(name: str, where: str) -> None:

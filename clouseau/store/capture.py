@@ -240,6 +240,15 @@ class Capture(Mapping[str, np.ndarray]):
                 f"{name!r} is not in this capture; closest: {closest(name, self._by_name)}"
             ) from None
 
+    def to_pandas(self) -> Any:
+        """One row per saved array: name, call, shape, dtype and the IR metadata of its node.
+
+        Needs pandas (``pip install 'clouseau[pandas]'``).
+        """
+        from clouseau.ir.metadata import capture_frame
+
+        return capture_frame(self.records, self.graphs)
+
     def __repr__(self) -> str:
         where = f" at {self.path}" if self.path else ""
         return f"<Capture{where}: {len(self)} points, {len(self.calls)} call(s)>"

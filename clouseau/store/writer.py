@@ -443,4 +443,5 @@ def _write_json(path: Path, data: object) -> None:
 
 
 def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
+    message = str(error)
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__

@@ -25,7 +25,7 @@ from clouseau.capture.jax.module import Core, InstrumentedFunction, Instrumented
 from clouseau.capture.jax.naming import ACTIVATIONS, TORCH_KEY_MAP, map_keys
 from clouseau.ir.graph import Graph
 from clouseau.ir.passes import insert_saves
-from clouseau.ir.selection import SelectLike
+from clouseau.ir.selection import SelectLike, check_select
 from clouseau.ir.sink import Sink
 
 __all__ = [
@@ -82,9 +82,12 @@ def instrument(
         first call.
     sink
         Receives the graph once per input signature, then the saved values of every call.
-    intervene, grads
-        Not supported by the JAX frontend yet: anything but ``None`` / ``False`` raises
-        NotImplementedError.
+    intervene
+        ``{pattern: action}`` (see :mod:`clouseau.ir.actions`): the values that the rest
+        of the model, and the saves, see changed; under ``jit``, ``vmap``, ``grad`` too.
+    grads
+        True (the points of ``select``) or a selection: save the gradient of each point
+        as ``<name>.grad`` when the model is differentiated (see docs/interventions.md).
 
     Returns
     -------
@@ -93,12 +96,9 @@ def instrument(
         leaves; a capture session (``close()``, ``with``, ``captured``).
     """
     _check_model(model)
-    if intervene or grads:
-        raise NotImplementedError(
-            "the JAX frontend does not support intervene= or grads= yet; instrument the model "
-            "without them (saving activations works), or use the PyTorch frontend"
-        )
-    core = Core(sink, select)
+    # An invalid glob or select type fails now, not at the model's first call.
+    check_select(select)
+    core = Core(sink, select, intervene=intervene, grads=grads)
     if isinstance(model, eqx.Module) or _has_arrays(model):
         return InstrumentedModule(model, core)
     return InstrumentedFunction(model, core)

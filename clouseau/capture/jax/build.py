@@ -310,13 +310,23 @@ def _attrs(eqn: Any) -> tuple[tuple[str, Any], ...]:
     # Only small, plain parameters: enough to read the printed graph.
     if eqn.primitive.name in ("jit", "pjit", *_CUSTOM):
         return ()
-    out = []
+    out = _flop_attrs(eqn)
     for k, v in eqn.params.items():
         if (isinstance(v, bool | int | float | str) and not k.startswith("_")) or (
             isinstance(v, tuple) and all(isinstance(x, int) for x in v)
         ):
             out.append((k, v))
     return tuple(out)
+
+
+def _flop_attrs(eqn: Any) -> list[tuple[str, Any]]:
+    """What FLOP counts need beyond shapes (clouseau.ir.metadata): contraction, layout."""
+    numbers = eqn.params.get("dimension_numbers")
+    if eqn.primitive.name == "dot_general" and numbers is not None:
+        return [("lhs_contracting_dims", tuple(int(d) for d in numbers[0][0]))]
+    if eqn.primitive.name == "conv_general_dilated" and hasattr(numbers, "rhs_spec"):
+        return [("rhs_out_dim", int(numbers.rhs_spec[0]))]
+    return []
 
 
 def _spec(aval: Any) -> Spec:

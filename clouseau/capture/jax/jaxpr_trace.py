@@ -26,7 +26,7 @@ import numpy as np
 
 from clouseau.capture.jax import _compat
 from clouseau.capture.jax.naming import ACTIVATIONS, join, key_name, path_name
-from clouseau.ir.errors import TraceError
+from clouseau.ir.errors import ArgumentError, ClouseauError, TraceError
 
 MODULE_MARK = "__clouseau_module_"
 FN_MARK = "__clouseau_fn_"
@@ -99,6 +99,7 @@ def signature(parts: Split) -> tuple[Any, ...]:
 
 def trace_jaxpr(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
     """Trace ``model(*args, **kwargs)`` with module and activation markers."""
+    _check_arguments(model, args, kwargs)
     parts = split((model, args, kwargs))
     if not parts.arrays:
         raise TypeError(
@@ -129,6 +130,11 @@ def trace_jaxpr(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tr
         jax.errors.TracerArrayConversionError,
     ) as err:
         raise TraceError(_control_flow_message(err)) from err
+    except ClouseauError:
+        raise
+    except Exception as err:
+        # The model's own error on these inputs (shapes, dtypes): say where and with what.
+        raise TraceError(_inputs_message(model, parts, err)) from err
     out_parts: Split = out_store["out"]
     return Traced(
         jaxpr=closed,
@@ -323,6 +329,65 @@ def _control_flow_message(err: BaseException) -> str:
         f"array value cannot be followed ({kind}). Use jax.lax.cond or jnp.where (loops: "
         f"jax.lax.while_loop, fori_loop or scan) instead, or pass the value as a static "
         f"(non-array) argument."
+    )
+
+
+def _bare(signature: inspect.Signature) -> inspect.Signature:
+    """``signature`` without annotations: ``(x, mask=None)`` reads best in a message."""
+    return signature.replace(
+        parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+        return_annotation=signature.empty,
+    )
+
+
+def _check_arguments(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    # Without this, a call with no array reads "found no array", and one with too many
+    # arguments fails deep inside the trace.
+    try:
+        sig = inspect.signature(model)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as err:
+        raise ArgumentError(
+            f"{_model_name(model)}{_bare(sig)} cannot take the arguments "
+            f"({_describe_call(args, kwargs)}): {err}. Call the instrumented model as you "
+            "would call the model itself."
+        ) from None
+
+
+def _model_name(model: Any) -> str:
+    return str(getattr(model, "__name__", type(model).__name__))
+
+
+def _describe_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    def one(value: Any) -> str:
+        if eqx.is_array(value):
+            return f"{jax.numpy.result_type(value)}{list(np.shape(value))}"
+        text = repr(value)
+        return text if len(text) <= 40 else f"{type(value).__name__}(...)"
+
+    def tree(value: Any) -> str:
+        leaves = jax.tree_util.tree_leaves(value)
+        if len(leaves) == 1 and leaves[0] is value:
+            return one(value)
+        return str(jax.tree_util.tree_map(one, value))
+
+    return ", ".join([tree(a) for a in args] + [f"{k}={tree(v)}" for k, v in kwargs.items()])
+
+
+def _inputs_message(model: Any, parts: Split, err: BaseException) -> str:
+    frame = _user_frame_of(err)
+    at = f" at {frame.filename}:{frame.lineno} ({(frame.line or '').strip()})" if frame else ""
+    _, args, kwargs = parts.merge(parts.arrays)
+    first = (str(err).strip().splitlines() or [""])[0]
+    return (
+        f"cannot trace {_model_name(model)}: it fails on these inputs "
+        f"({_describe_call(args, kwargs)}){at}: {type(err).__name__}: {first}\n"
+        "Fix: pass inputs the model accepts (the shapes, dtypes and types its code and "
+        "parameters expect); each new input signature is traced anew and earlier calls "
+        "are kept."
     )
 
 

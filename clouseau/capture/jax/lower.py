@@ -22,7 +22,7 @@ returns its saved values (stacked: one leading axis per enclosing scan).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -34,6 +34,7 @@ from clouseau.capture.jax import _compat
 from clouseau.capture.jax.jaxpr_trace import Traced
 from clouseau.ir.errors import TraceError
 from clouseau.ir.graph import Graph
+from clouseau.ir.passes import producer_of
 from clouseau.ir.sink import SavedValue, Sink
 
 
@@ -48,9 +49,22 @@ class Slot:
     loops: int  # enclosing scans: the saved array has this many leading iteration axes
 
 
+@dataclass(frozen=True, eq=False)
+class Rewrite:
+    """Replace output ``output`` of the equation (or input) at ``key`` by ``fn(value)``.
+
+    An intervention, or a gradient tap: later equations and saves read the new value.
+    """
+
+    key: str
+    output: int
+    fn: Callable[[Any], Any]
+
+
 @dataclass(frozen=True)
 class Plan:
     slots: tuple[Slot, ...]
+    rewrites: tuple[Rewrite, ...] = ()
 
     def at(self, key: str) -> tuple[tuple[int, int], ...]:
         """(slot id, output index) of the saves of the equation (or input) at ``key``."""
@@ -58,7 +72,18 @@ class Plan:
 
     def inside(self, key: str) -> bool:
         prefix = key + "/"
-        return any(s.key.startswith(prefix) for s in self.slots)
+        return any(s.key.startswith(prefix) for s in (*self.slots, *self.rewrites))
+
+    def rewrite(self, key: str, values: Sequence[Any]) -> list[Any]:
+        """``values`` of the equation at ``key`` with its rewrites applied, in order."""
+        values = list(values)
+        for r in self.rewrites:
+            if r.key == key:
+                values[r.output] = r.fn(values[r.output])
+        return values
+
+    def with_rewrites(self, more: Sequence[Rewrite]) -> Plan:
+        return replace(self, rewrites=(*self.rewrites, *more))
 
 
 @dataclass(frozen=True)
@@ -72,24 +97,40 @@ class Lowered:
     emitting: Callable[..., Any]
 
 
-def make_plan(graph: Graph) -> Plan:
-    """The slots of the save nodes of ``graph``, in graph order."""
-    scans = {n.key for n in graph.nodes if n.op == "scan"}
+def make_plan(graph: Graph, rewrites: Sequence[Rewrite] = ()) -> Plan:
+    """The slots of the save nodes of ``graph``, in graph order, and the given rewrites.
+
+    A save of an intervened value sits at the producer's key: the rewrite runs first.
+    """
     slots = []
     for save in graph.saves:
-        ref = save.inputs[0]
+        ref = producer_of(graph, save.inputs[0])
         node = graph.node(ref.node)
-        parts = node.key.split("/")
-        loops = sum("/".join(parts[:i]) in scans for i in range(1, len(parts)))
         names = save.attr("names")
         assert isinstance(names, tuple)
-        slots.append(Slot(tuple(str(n) for n in names), node.name, node.key, ref.index, loops))
-    return Plan(tuple(slots))
+        slots.append(
+            Slot(
+                tuple(str(n) for n in names), node.name, node.key, ref.index, loops(graph, node.key)
+            )
+        )
+    return Plan(tuple(slots), tuple(rewrites))
 
 
-def lower(traced: Traced, graph: Graph, graph_id: int, sink: Sink) -> Lowered:
-    """Build the ``collect`` and ``emitting`` functions of an instrumented graph."""
-    plan = make_plan(graph)
+def loops(graph: Graph, key: str) -> int:
+    """How many scans enclose the equation at ``key``."""
+    scans = {n.key for n in graph.nodes if n.op == "scan"}
+    parts = key.split("/")
+    return sum("/".join(parts[:i]) in scans for i in range(1, len(parts)))
+
+
+def lower(
+    traced: Traced, graph: Graph, graph_id: int, sink: Sink, rewrites: Sequence[Rewrite] = ()
+) -> Lowered:
+    """Build the ``collect`` and ``emitting`` functions of an instrumented graph.
+
+    ``rewrites`` are the graph's interventions (see :mod:`clouseau.capture.jax.intervene`).
+    """
+    plan = make_plan(graph, rewrites)
     closed = traced.jaxpr
     host = partial(deliver, sink, graph_id, plan.slots)
 
@@ -130,11 +171,13 @@ def run(
             saved[slot] = values[output]
 
     for i, (var, value) in enumerate(zip(jaxpr.constvars, consts, strict=True)):
-        env[var] = value
-        record(f"{key}/c{i}" if key else f"c{i}", [value])
+        where = f"{key}/c{i}" if key else f"c{i}"
+        env[var] = value = plan.rewrite(where, [value])[0]
+        record(where, [value])
     for i, (var, value) in enumerate(zip(jaxpr.invars, args, strict=True)):
-        env[var] = value
-        record(f"{key}/in{i}" if key else f"in{i}", [value])
+        where = f"{key}/in{i}" if key else f"in{i}"
+        env[var] = value = plan.rewrite(where, [value])[0]
+        record(where, [value])
     for position, eqn in enumerate(jaxpr.eqns):
         ekey = f"{key}/{position}" if key else str(position)
         invals = [read(v) for v in eqn.invars]
@@ -142,6 +185,7 @@ def run(
             outs = _open(eqn, ekey, invals, plan, saved)
         else:
             outs = _compat.bind_equation(eqn, invals)
+        outs = plan.rewrite(ekey, outs)  # interventions and gradient taps of this equation
         for var, value in zip(eqn.outvars, outs, strict=True):
             env[var] = value
         record(ekey, outs)
@@ -229,9 +273,20 @@ def _emitter(host: Callable[..., None], nbatch: int) -> Callable[..., Any]:
     return emit
 
 
-def deliver(sink: Sink, graph_id: int, slots: tuple[Slot, ...], nbatch: int, *arrays: Any) -> None:
-    """Hand one call's saved arrays to the sink; scan iterations become separate values."""
-    call = sink.begin_call()
+def deliver(
+    sink: Sink,
+    graph_id: int,
+    slots: tuple[Slot, ...],
+    nbatch: int,
+    *arrays: Any,
+    call: int | None = None,
+) -> None:
+    """Hand one call's saved arrays to the sink; scan iterations become separate values.
+
+    ``call`` is the index the caller took with ``sink.begin_call()`` before running the
+    model (so that a failing run is recorded); ``None`` begins the call here (callbacks).
+    """
+    call = sink.begin_call() if call is None else call
     try:
         values: list[SavedValue] = []
         for slot, array in zip(slots, arrays, strict=True):

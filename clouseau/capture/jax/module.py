@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import functools
 import threading
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import equinox as eqx
@@ -20,13 +21,14 @@ import jax
 from clouseau.capture._session import CaptureSession
 from clouseau.capture.jax import _compat
 from clouseau.capture.jax.build import build_graph
+from clouseau.capture.jax.intervene import grad_emitting, intervention_rewrites
 from clouseau.capture.jax.jaxpr_trace import Split, Traced, signature, split, trace_jaxpr
 from clouseau.capture.jax.lower import Lowered, deliver, lower
+from clouseau.ir.actions import Action
 from clouseau.ir.graph import Graph
-from clouseau.ir.passes import insert_saves
+from clouseau.ir.interventions import Grads, rewrite
 from clouseau.ir.selection import SelectLike
 from clouseau.ir.sink import Sink
-from clouseau.ir.verify import verify
 
 
 @dataclass(frozen=True)
@@ -38,14 +40,22 @@ class _Entry:
 class Core:
     """Capture state shared by every copy of one instrumented model (a static field)."""
 
-    def __init__(self, sink: Sink, select: SelectLike) -> None:
+    def __init__(
+        self,
+        sink: Sink,
+        select: SelectLike,
+        intervene: Mapping[Any, Action] | None = None,
+        grads: Grads = False,
+    ) -> None:
         self.sink = sink
         self.select = select
+        self.intervene = intervene
+        self.grads = grads
         self._lock = threading.Lock()
         self._entries: dict[tuple[Any, ...], _Entry] = {}
 
     def call(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self.select is None:
+        if self._untouched:
             return model(*args, **kwargs)
         parts = split((model, args, kwargs))
         entry = self.entry(parts, model, args, kwargs)
@@ -53,13 +63,17 @@ class Core:
         if any(_compat.is_tracer(a) for a in arrays):
             outs = entry.lowered.emitting(*arrays)
         else:
-            outs, saved = entry.lowered.collect(*arrays)
+            # The call is numbered before the model runs, so a run that raises is kept in
+            # failed_calls (with why) and the calls keep the order they were made in.
+            call = self.sink.begin_call()
+            try:
+                outs, saved = entry.lowered.collect(*arrays)
+                saved = jax.device_get(saved)
+            except BaseException as err:
+                self.sink.fail_call(call, err)
+                raise
             deliver(
-                self.sink,
-                entry.lowered.graph_id,
-                entry.lowered.plan.slots,
-                0,
-                *jax.device_get(saved),
+                self.sink, entry.lowered.graph_id, entry.lowered.plan.slots, 0, *saved, call=call
             )
         traced = entry.traced
         it = iter(outs)
@@ -77,14 +91,30 @@ class Core:
             found = self._entries.get(key)
             if found is None:
                 traced = trace_jaxpr(model, args, kwargs)
-                graph = verify(insert_saves(build_graph(traced), self.select, strict=True))
+                rewritten = rewrite(
+                    build_graph(traced),
+                    select=self.select,
+                    intervene=self.intervene,
+                    grads=self.grads,
+                )
+                graph = rewritten.graph
                 graph_id = self.sink.add_graph(graph)
-                found = _Entry(traced, lower(traced, graph, graph_id, self.sink))
+                rewrites = intervention_rewrites(graph, rewritten.actions)
+                lowered = lower(traced, graph, graph_id, self.sink, rewrites)
+                if graph.grad_saves:
+                    emitting = grad_emitting(traced, lowered.plan, graph, graph_id, self.sink)
+                    lowered = replace(lowered, emitting=emitting)
+                found = _Entry(traced, lowered)
                 self._entries[key] = found
             return found
 
+    @property
+    def _untouched(self) -> bool:
+        # Nothing to save, change or differentiate: the model runs as it is.
+        return self.select is None and not self.intervene and not self.grads
+
     def graph(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Graph:
-        if self.select is None:
+        if self._untouched:
             return build_graph(trace_jaxpr(model, args, kwargs))
         return self.entry(split((model, args, kwargs)), model, args, kwargs).lowered.graph
 

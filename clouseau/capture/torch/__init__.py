@@ -17,7 +17,7 @@ from clouseau.capture.torch.lower import Lowered, lower
 from clouseau.capture.torch.module import InstrumentedModule, to_numpy
 from clouseau.capture.torch.traced import mark_leaf
 from clouseau.ir.graph import Graph
-from clouseau.ir.selection import SelectLike
+from clouseau.ir.selection import SelectLike, check_select
 from clouseau.ir.sink import Sink
 
 __all__ = ["InstrumentedModule", "Lowered", "instrument", "lower", "mark_leaf", "to_numpy", "trace"]
@@ -68,9 +68,12 @@ def instrument(
         selection that matches nothing raises SelectionError at the first trace.
     sink
         Where the saved values go (a store from :mod:`clouseau.store`).
-    intervene, grads
-        Interventions and gradient saves: not lowered by the torch frontend yet; anything
-        but ``None``/``{}`` and ``False`` raises NotImplementedError.
+    intervene
+        ``{pattern: action}`` (see :mod:`clouseau.ir.actions`): the values that the rest
+        of the model, and the saves, see changed.
+    grads
+        True (the points of ``select``) or a selection: save the gradient of each point
+        as ``<name>.grad`` when the user runs backward (see docs/interventions.md).
 
     Returns
     -------
@@ -79,9 +82,6 @@ def instrument(
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"instrument() takes a torch.nn.Module, not a {type(model).__name__}")
-    if intervene or (grads is not False and grads is not None):
-        raise NotImplementedError(
-            "the torch frontend does not lower interventions or gradient saves yet; "
-            "call instrument() without intervene= and grads="
-        )
-    return InstrumentedModule(model, select, sink)
+    # An invalid glob or select type fails now, not at the model's first call.
+    check_select(select)
+    return InstrumentedModule(model, select, sink, intervene=intervene, grads=grads)

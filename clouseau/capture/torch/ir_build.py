@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import inspect
+import logging
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.fx as fx
 
+from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.export_trace import trace_export
 from clouseau.capture.torch.fx_trace import trace_fx
 from clouseau.capture.torch.naming import source_from_exception
 from clouseau.capture.torch.probe import Probe, probe
-from clouseau.capture.torch.traced import Traced
-from clouseau.ir.errors import TraceError
-from clouseau.ir.graph import Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref
+from clouseau.capture.torch.traced import NodeInfo, Traced
+from clouseau.ir.errors import ArgumentError, TraceError
+from clouseau.ir.graph import AttrValue, Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref
 from clouseau.ir.verify import verify
 
 
@@ -34,6 +40,8 @@ def trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tr
     ------
     TypeError
         ``model`` is not an ``nn.Module``.
+    ArgumentError
+        The arguments do not fit ``model.forward``'s signature.
     TraceError
         Neither tracer could trace the model; the message names both causes and the fix.
     """
@@ -44,16 +52,32 @@ def trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tr
                 "wrap the function in an nn.Module whose forward calls it"
             )
         raise TypeError(f"clouseau cannot trace a {type(model).__name__}: pass a torch.nn.Module")
+    _check_arguments(model, args, kwargs)
+    # Tracers patch torch.nn.Module process-wide: no lowered graph may run meanwhile.
+    with TRACE_LOCK.exclusive():
+        return _trace_model(model, args, kwargs)
+
+
+def _trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TracedModel:
+    fx_infos: Mapping[str, NodeInfo] | None = None
     try:
         traced = trace_fx(model, args, kwargs)
+        fx_infos = traced.infos
         facts = probe(traced.gm, model, traced.to_inputs(args, kwargs))
     except Exception as fx_error:
         try:
-            traced = trace_export(model, args, kwargs)
+            with _quiet_export_logs():
+                traced = trace_export(model, args, kwargs)
             traced = replace(traced, meta=(("fx_error", _first_line(fx_error)),))
             facts = probe(traced.gm, model, traced.to_inputs(args, kwargs))
         except Exception as export_error:
-            raise TraceError(_both_failed(model, fx_error, export_error)) from export_error
+            if fx_infos is not None:
+                # fx followed the code but the traced ops failed on the example values:
+                # the inputs (shapes, dtypes, types) do not fit the model.
+                message = _inputs_rejected(model, args, kwargs, fx_error, export_error, fx_infos)
+            else:
+                message = _both_failed(model, fx_error, export_error)
+            raise TraceError(message) from export_error
     return TracedModel(traced, facts, build_graph(model, traced, facts))
 
 
@@ -79,6 +103,7 @@ def build_graph(model: torch.nn.Module, traced: Traced, facts: Probe) -> Graph:
                 module=info.module, module_type=info.module_type, target=info.target,
                 source=info.source, key=fx_node.name,
                 aliases=tuple((0, a) for a in info.aliases),
+                attrs=_module_attrs(model, fx_node),
             )
         )  # fmt: skip
         by_fx[fx_node.name] = info.name
@@ -90,6 +115,26 @@ def build_graph(model: torch.nn.Module, traced: Traced, facts: Probe) -> Graph:
         meta=(("training", model.training), *traced.meta),
     )
     return verify(graph)
+
+
+# Hyper-parameters of leaf modules that FLOP counts need (a conv's kernel and groups
+# are not in its input or output shapes; attention's layout is not either).
+_HYPER = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation",
+          "groups", "embed_dim", "num_heads", "batch_first")  # fmt: skip
+
+
+def _module_attrs(model: torch.nn.Module, fx_node: fx.Node) -> tuple[tuple[str, AttrValue], ...]:
+    if fx_node.op != "call_module":
+        return ()
+    module = model.get_submodule(str(fx_node.target))
+    found: list[tuple[str, AttrValue]] = []
+    for name in _HYPER:
+        value = getattr(module, name, None)
+        if isinstance(value, bool | int | str) or (
+            isinstance(value, tuple) and all(isinstance(v, int) for v in value)
+        ):
+            found.append((name, value))
+    return tuple(found)
 
 
 def _flat_inputs(node: fx.Node) -> list[fx.Node]:
@@ -138,3 +183,94 @@ def _both_failed(
         "for branches), or mark the offending submodule as a leaf with "
         "clouseau.capture.torch.mark_leaf(model.<path>) so it runs untraced as one node."
     )
+
+
+def _bare(signature: inspect.Signature) -> inspect.Signature:
+    """``signature`` without annotations: ``(x, mask=None)`` reads best in a message."""
+    return signature.replace(
+        parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+        return_annotation=signature.empty,
+    )
+
+
+def _check_arguments(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    # Both tracers would fail on this with a bare TypeError under a misleading "cannot
+    # trace"; say what forward takes instead.
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as error:
+        raise ArgumentError(
+            f"{type(model).__name__}.forward{_bare(signature)} cannot take the arguments "
+            f"({_describe_inputs(args, kwargs)}): {error}. Call the instrumented model as you "
+            "would call the model itself."
+        ) from None
+
+
+def _describe_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """``float32[2, 4], mask=bool[2]``: the inputs of a call, for error messages."""
+    parts = [_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()]
+    return ", ".join(parts)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).removeprefix("torch.")
+        return f"{dtype}[{', '.join(str(d) for d in value.shape)}]"
+    if isinstance(value, list | tuple):
+        inner = ", ".join(_describe(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_describe(v)}" for k, v in value.items()) + "}"
+    text = repr(value)
+    return text if len(text) <= 40 else f"{type(value).__name__}(...)"
+
+
+def _inputs_rejected(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    fx_error: BaseException,
+    export_error: BaseException,
+    fx_infos: Mapping[str, NodeInfo],
+) -> str:
+    # The fx Interpreter names the node it was running ("While executing %fc"); its
+    # source line is the user's, which the traceback (inside the GraphModule) lacks.
+    running = re.search(r"While executing %(\w+)", str(fx_error))
+    info = fx_infos.get(running.group(1)) if running else None
+    where = (
+        (info.source if info else None)
+        or source_from_exception(fx_error)
+        or source_from_exception(export_error)
+    )
+    at = f" at {where.file}:{where.line} ({where.code})" if where else ""
+    return (
+        f"cannot trace {type(model).__name__}: it fails on these inputs "
+        f"({_describe_inputs(args, kwargs)}){at}.\n"
+        f"  torch.fx traced it, but running it failed: {_first_line(fx_error)}\n"
+        f"  torch.export failed: {_first_line(export_error)}\n"
+        "Fix: pass inputs the model accepts (the shapes, dtypes and types its code and "
+        "weights expect); each new input signature is traced anew and earlier calls are "
+        "kept. If the model itself runs on these inputs, please report a clouseau bug."
+    )
+
+
+@contextmanager
+def _quiet_export_logs() -> Iterator[None]:
+    # The fallback's failures are summed up in the TraceError; torch's own warnings
+    # (graph dumps, fake-tensor tracebacks) would bury it. Under TRACE_LOCK: no race.
+    loggers = [
+        logging.getLogger(name)
+        for name in ("torch.fx.experimental.symbolic_shapes", "torch._subclasses.fake_tensor")
+    ]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)

@@ -5,19 +5,27 @@ returns them, and a tuple with one tensor per IR save node, in the order of
 ``graph.saves``. The same module exports to ONNX with the activations as outputs. A saved
 value that a later op mutates in place is cloned at its save point (a snapshot); every
 other saved value is returned as is (no copy on the device).
+
+Interventions and gradient taps (:mod:`clouseau.capture.torch.intervene`) are fx
+``call_function`` nodes right after the value they change or watch; with nothing to save,
+change or watch, the traced GraphModule is returned unchanged.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx as fx
 
+from clouseau.capture.torch.intervene import applier, grad_tap
 from clouseau.capture.torch.ir_build import TracedModel, trace_model
+from clouseau.ir.actions import Action
 from clouseau.ir.graph import Graph, Node
-from clouseau.ir.passes import insert_saves
+from clouseau.ir.interventions import Grads, Rewritten, rewrite
+from clouseau.ir.passes import producer_of
 from clouseau.ir.selection import SelectLike
 
 
@@ -54,35 +62,66 @@ class Lowered:
 
 
 def lower(
-    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], select: SelectLike
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    select: SelectLike,
+    *,
+    intervene: Mapping[Any, Action] | None = None,
+    grads: Grads = False,
 ) -> Lowered:
-    """Trace ``model``, insert saves for ``select`` (strictly) and lower to a GraphModule."""
+    """Trace ``model``, rewrite the IR for ``select``, ``intervene`` and ``grads`` (strictly)
+    and lower it to a GraphModule."""
     traced = trace_model(model, args, kwargs)
-    graph = insert_saves(traced.graph, select)
-    return Lowered(_rewrite(traced, graph), graph, graph.saves, traced)
+    rewritten = rewrite(traced.graph, select=select, intervene=intervene, grads=grads)
+    graph = rewritten.graph
+    return Lowered(_rewrite(traced, rewritten), graph, graph.saves, traced)
 
 
-def _rewrite(traced: TracedModel, graph: Graph) -> fx.GraphModule:
+def _rewrite(traced: TracedModel, rewritten: Rewritten) -> fx.GraphModule:
+    graph = rewritten.graph
     base = traced.traced.gm
-    saves = graph.saves
-    if not saves:
+    if not (graph.saves or graph.interventions or graph.grad_saves):
         return base  # nothing selected: the plain traced graph, no overhead
     fx_graph = fx.Graph()
     copies: dict[fx.Node, fx.Node] = {}
     outputs = fx_graph.graph_copy(base.graph, copies)
     fx_nodes = {old.name: new for old, new in copies.items()}
-    producers = {node.name: node for node in graph.nodes}
+    # The fx node of every IR value: the traced nodes, then the intervene nodes added here.
+    values = {node.name: fx_nodes[node.key] for node in graph.nodes if node.key in fx_nodes}
+    replaced: dict[fx.Node, fx.Node] = {}
+    for node in graph.interventions:
+        source = values[node.inputs[0].node]
+        with fx_graph.inserting_after(_anchor(source)):
+            new = fx_graph.call_function(applier(rewritten.action(node)), (source,))
+        # Every later reader (ops, in-place ops, the output) computes on the new value.
+        source.replace_all_uses_with(new, delete_user_cb=lambda user, new=new: user is not new)
+        replaced[source] = new
+        values[node.name] = new
+    for node in graph.grad_saves:
+        value = values[node.inputs[0].node]
+        with fx_graph.inserting_after(_anchor(value)):
+            fx_graph.call_function(
+                grad_tap(node, producer_of(graph, node.inputs[0]).node), (value,)
+            )
     saved: list[fx.Node] = []
-    snapshots: dict[str, fx.Node] = {}
-    for save in saves:
-        key = producers[save.inputs[0].node].key
-        value = fx_nodes[key]
-        if key in traced.probe.mutated_later:
+    snapshots: dict[fx.Node, fx.Node] = {}
+    for save in graph.saves:
+        value = values[save.inputs[0].node]
+        if graph.node(producer_of(graph, save.inputs[0]).node).key in traced.probe.mutated_later:
             # A later in-place op changes this value: copy it right where it is produced.
-            if key not in snapshots:
-                with fx_graph.inserting_after(value):
-                    snapshots[key] = fx_graph.call_function(torch.clone, (value,))
-            value = snapshots[key]
+            if value not in snapshots:
+                with fx_graph.inserting_after(_anchor(value)):
+                    snapshots[value] = fx_graph.call_function(torch.clone, (value,))
+            value = snapshots[value]
         saved.append(value)
-    fx_graph.output((outputs, tuple(saved)))
+    outputs = fx.node.map_arg(outputs, lambda n: replaced.get(n, n))
+    fx_graph.output((outputs, tuple(saved)) if graph.saves else outputs)
     return fx.GraphModule(base, fx_graph, class_name=type(base).__name__)
+
+
+def _anchor(node: fx.Node) -> fx.Node:
+    """Where code reading ``node`` goes: right after it, or after the last placeholder."""
+    if node.op != "placeholder":
+        return node
+    return [n for n in node.graph.nodes if n.op == "placeholder"][-1]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
+from functools import partial
 from typing import Any
 
 import ml_dtypes
@@ -10,8 +11,13 @@ import numpy as np
 import torch
 
 from clouseau.capture._session import CaptureSession
+from clouseau.capture.torch._sync import TRACE_LOCK
+from clouseau.capture.torch.intervene import emitting_grads
 from clouseau.capture.torch.lower import Lowered, lower
+from clouseau.ir.actions import Action
 from clouseau.ir.graph import Graph
+from clouseau.ir.interventions import Grads
+from clouseau.ir.passes import producer_of
 from clouseau.ir.selection import SelectLike
 from clouseau.ir.sink import SavedValue, Sink
 
@@ -25,11 +31,20 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     friends drop the cache, as they may replace buffers the lowered graphs read.
     """
 
-    def __init__(self, model: torch.nn.Module, select: SelectLike, sink: Sink) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        select: SelectLike,
+        sink: Sink,
+        intervene: Mapping[Any, Action] | None = None,
+        grads: Grads = False,
+    ) -> None:
         super().__init__()
         self.model = model
         self._sink = sink
         self._select = select
+        self._intervene = intervene
+        self._grads = grads
         # Plain dict, not submodules: the lowered graphs hold references to the model's
         # own modules and weights, which must be registered (and counted) once.
         self._lowered: dict[Hashable, tuple[Lowered, int]] = {}
@@ -42,14 +57,26 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         """The lowered GraphModule for this call signature (e.g. for an ONNX exporter)."""
         return self._lower_for(args, kwargs)[0]
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # While another thread traces, torch.fx has patched nn.Module.__call__ itself, so
+        # even entering this module must wait for the trace to end. Defined here, this
+        # __call__ is not the patched one.
+        with TRACE_LOCK.shared():
+            return super().__call__(*args, **kwargs)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         lowered, graph_id = self._lower_for(args, kwargs)
         call = self._sink.begin_call()
         try:
-            raw = lowered.module(*lowered.inputs(args, kwargs))
+            inputs = lowered.inputs(args, kwargs)
+            # The taps (with grads=) register gradient hooks that put into this call.
+            emit = partial(self._put_grad, call, graph_id) if lowered.graph.grad_saves else None
+            with TRACE_LOCK.shared(), emitting_grads(emit):  # not while fx patches (tracing)
+                raw = lowered.module(*inputs)
             if lowered.saves:
+                graph = lowered.graph
                 values = [
-                    SavedValue(names=_names(save), node=save.inputs[0].node, array=to_numpy(t))
+                    SavedValue(_names(save), producer_of(graph, save.inputs[0]).node, to_numpy(t))
                     for save, t in zip(lowered.saves, raw[1], strict=True)
                 ]
                 self._sink.put(call, graph_id, values)
@@ -59,13 +86,29 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         self._sink.end_call(call)
         return lowered.outputs(raw)
 
+    def _put_grad(
+        self, call: int, graph_id: int, names: tuple[str, ...], node: str, grad: torch.Tensor
+    ) -> None:
+        self._sink.put(call, graph_id, [SavedValue(names, node, to_numpy(grad))])
+
     def _lower_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Lowered, int]:
         key = (_signature(args, kwargs), tuple(m.training for m in self.model.modules()))
         found = self._lowered.get(key)
         if found is None:
-            lowered = lower(self.model, args, kwargs, self._select)
-            found = (lowered, self._sink.add_graph(lowered.graph))
-            self._lowered[key] = found
+            # Threads racing on a new signature: the first traces, the others reuse it.
+            with TRACE_LOCK.exclusive():
+                found = self._lowered.get(key)
+                if found is None:
+                    lowered = lower(
+                        self.model,
+                        args,
+                        kwargs,
+                        self._select,
+                        intervene=self._intervene,
+                        grads=self._grads,
+                    )
+                    found = (lowered, self._sink.add_graph(lowered.graph))
+                    self._lowered[key] = found
         return found
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -73,7 +116,10 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         return super()._apply(fn, *args, **kwargs)
 
     def extra_repr(self) -> str:
-        return f"select={self._select!r}"
+        extra = f", intervene={self._intervene!r}" if self._intervene else ""
+        return f"select={self._select!r}{extra}" + (
+            f", grads={self._grads!r}" if self._grads else ""
+        )
 
 
 def _names(save: Any) -> tuple[str, ...]:

@@ -1,0 +1,1 @@
+"""Interventions and gradient capture: the IR passes and both frontends."""

@@ -1,0 +1,1 @@
+"""Node metadata: FLOPs, parameter counts, tables and the summary."""
