@@ -261,12 +261,15 @@ class Graph:
     def points(self) -> tuple[Point, ...]:
         """Every selectable tensor value, in execution order; aliases follow their node.
 
-        Parameters, buffers and literals (CONSTANT nodes) are not points: they are the
-        model's state, not its activations, and would be written again on every call.
+        Parameters, buffers and literals (CONSTANT nodes), and values computed from them
+        alone (a transposed weight, a mask built from constants), are not points: they are
+        the model's state, not its activations, and would be written again on every call.
         """
         found: list[Point] = []
         for node in self.nodes:
-            if node.kind in INSTRUMENTATION or node.kind in (NodeKind.OUTPUT, NodeKind.CONSTANT):
+            if node.kind in INSTRUMENTATION or node.kind is NodeKind.OUTPUT:
+                continue
+            if node.name in self._static:
                 continue
             for i, spec in enumerate(node.outputs):
                 if isinstance(spec, TensorSpec):
@@ -275,6 +278,17 @@ class Graph:
                 if isinstance(node.outputs[i], TensorSpec):
                     found.append(Point(alias, Ref(node.name, i), node, is_alias=True))
         return tuple(found)
+
+    @cached_property
+    def _static(self) -> frozenset[str]:
+        """Nodes that depend on no input: constants and what is computed from them only."""
+        static: set[str] = set()
+        for node in self.nodes:
+            if node.kind is NodeKind.CONSTANT or (
+                node.kind is NodeKind.OP and all(r.node in static for r in node.inputs)
+            ):
+                static.add(node.name)
+        return frozenset(static)
 
     def names(self) -> tuple[str, ...]:
         """Every selectable point name, in execution order."""

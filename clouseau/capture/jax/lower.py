@@ -299,15 +299,18 @@ def deliver(
 
 
 def _split_loops(slot: Slot, array: np.ndarray, nbatch: int) -> list[SavedValue]:
+    # No copies: the arrays come from device_get or a host callback and view immutable
+    # JAX buffers, which nothing can write to while the sink holds them.
+    array = np.asarray(array)
     if slot.loops == 0:
-        return [SavedValue(slot.names, slot.node, np.array(array, copy=True))]
+        return [SavedValue(slot.names, slot.node, array)]
     lead = (slice(None),) * nbatch
     iterations = array.shape[nbatch : nbatch + slot.loops]
     return [
         SavedValue(
             slot.names,
             slot.node,
-            np.array(array[(*lead, *index)], copy=True),
+            array[(*lead, *index)],
             tuple(int(i) for i in index),
         )
         for index in np.ndindex(*iterations)

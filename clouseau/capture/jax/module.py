@@ -37,6 +37,11 @@ class _Entry:
     lowered: Lowered
 
 
+@eqx.filter_jit
+def _plain_jit(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return model(*args, **kwargs)
+
+
 class Core:
     """Capture state shared by every copy of one instrumented model (a static field)."""
 
@@ -56,7 +61,10 @@ class Core:
 
     def call(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._untouched:
-            return model(*args, **kwargs)
+            if any(map(_compat.is_tracer, jax.tree_util.tree_leaves((model, args, kwargs)))):
+                return model(*args, **kwargs)  # already inside the user's transformation
+            # Called directly: compiled, as the saving path is, not op by op.
+            return _plain_jit(model, args, kwargs)
         parts = split((model, args, kwargs))
         entry = self.entry(parts, model, args, kwargs)
         arrays = parts.arrays

@@ -23,7 +23,7 @@ import torch.fx as fx
 from clouseau.capture.torch.intervene import applier, grad_tap
 from clouseau.capture.torch.ir_build import TracedModel, trace_model
 from clouseau.ir.actions import Action
-from clouseau.ir.graph import Graph, Node
+from clouseau.ir.graph import Graph, Node, NodeKind
 from clouseau.ir.interventions import Grads, Rewritten, rewrite
 from clouseau.ir.passes import producer_of
 from clouseau.ir.selection import SelectLike
@@ -44,12 +44,16 @@ class Lowered:
         The IR save nodes, in the order of the tensors the module returns.
     traced
         The traced model (its calling-convention adapters, probe facts, plain graph).
+    host_copy
+        Per save: whether its host array must be a copy (the tensor's memory outlives the
+        call: an input, a parameter, an output, or what an intervention returned).
     """
 
     module: fx.GraphModule
     graph: Graph
     saves: tuple[Node, ...]
     traced: TracedModel
+    host_copy: tuple[bool, ...] = ()
 
     def inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """The positional inputs of :attr:`module` for a call ``model(*args, **kwargs)``."""
@@ -75,7 +79,16 @@ def lower(
     traced = trace_model(model, args, kwargs)
     rewritten = rewrite(traced.graph, select=select, intervene=intervene, grads=grads)
     graph = rewritten.graph
-    return Lowered(_rewrite(traced, rewritten), graph, graph.saves, traced)
+    host_copy = tuple(_needs_host_copy(graph, traced, save) for save in graph.saves)
+    return Lowered(_rewrite(traced, rewritten), graph, graph.saves, traced, host_copy)
+
+
+def _needs_host_copy(graph: Graph, traced: TracedModel, save: Node) -> bool:
+    if graph.node(save.inputs[0].node).kind is NodeKind.INTERVENE:
+        return True  # replace(fn) may hand back any tensor
+    key = graph.node(producer_of(graph, save.inputs[0]).node).key
+    # A snapshot (a clone) is private; so is any value the run showed not to escape.
+    return key in traced.probe.escapes and key not in traced.probe.mutated_later
 
 
 def _rewrite(traced: TracedModel, rewritten: Rewritten) -> fx.GraphModule:

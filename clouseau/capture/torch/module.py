@@ -66,20 +66,18 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         lowered, graph_id = self._lower_for(args, kwargs)
+        inputs = lowered.inputs(args, kwargs)
+        if not (lowered.saves or lowered.graph.grad_saves):
+            with TRACE_LOCK.shared():  # nothing to record: the model, and only the model
+                return lowered.outputs(lowered.module(*inputs))
         call = self._sink.begin_call()
         try:
-            inputs = lowered.inputs(args, kwargs)
             # The taps (with grads=) register gradient hooks that put into this call.
             emit = partial(self._put_grad, call, graph_id) if lowered.graph.grad_saves else None
             with TRACE_LOCK.shared(), emitting_grads(emit):  # not while fx patches (tracing)
                 raw = lowered.module(*inputs)
             if lowered.saves:
-                graph = lowered.graph
-                values = [
-                    SavedValue(_names(save), producer_of(graph, save.inputs[0]).node, to_numpy(t))
-                    for save, t in zip(lowered.saves, raw[1], strict=True)
-                ]
-                self._sink.put(call, graph_id, values)
+                self._sink.put(call, graph_id, _saved_values(lowered, raw[1]))
         except BaseException as error:
             self._sink.fail_call(call, error)
             raise
@@ -122,6 +120,14 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         )
 
 
+def _saved_values(lowered: Lowered, tensors: tuple[torch.Tensor, ...]) -> list[SavedValue]:
+    graph = lowered.graph
+    return [
+        SavedValue(_names(save), producer_of(graph, save.inputs[0]).node, to_numpy(t, copy=copy))
+        for save, t, copy in zip(lowered.saves, tensors, lowered.host_copy, strict=True)
+    ]
+
+
 def _names(save: Any) -> tuple[str, ...]:
     names = save.attr("names")
     assert isinstance(names, tuple)
@@ -146,12 +152,15 @@ def _key(value: Any) -> Hashable:
     return ("V", type(value), value)
 
 
-def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A host copy of ``t`` with the same dtype, shape and values (C-contiguous)."""
+def to_numpy(t: torch.Tensor, *, copy: bool = True) -> np.ndarray:
+    """A host array with the dtype, shape and values of ``t`` (C-contiguous).
+
+    With ``copy=False`` a CPU tensor's memory is shared, not copied: only for tensors
+    nothing else can write to once the call returns (see ``Lowered.host_copy``).
+    """
     t = t.detach().resolve_conj().resolve_neg()
     if t.dtype is torch.bfloat16:
         array = t.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     else:
         array = t.cpu().numpy()
-    # Always copy: on the CPU .numpy() shares memory the model (or user) may write later.
-    return np.array(array, order="C", copy=True)
+    return np.array(array, order="C", copy=True) if copy else np.asarray(array, order="C")

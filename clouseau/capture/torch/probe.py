@@ -27,10 +27,17 @@ StorageKey = tuple[str, int]
 
 @dataclass(frozen=True)
 class Probe:
-    """``specs`` by fx node name; ``mutated_later``: values a later node changes in place."""
+    """What one run showed, by fx node name.
+
+    ``mutated_later``: values a later node changes in place (saved as a snapshot).
+    ``escapes``: values sharing storage with an input, a parameter or buffer, or an output
+    of the model, which the user (or an optimizer) may write after the call returns, so
+    the host copy of a saved one must be a copy. Every other value is private to the call.
+    """
 
     specs: dict[str, Spec]
     mutated_later: frozenset[str]
+    escapes: frozenset[str]
 
 
 class _Recorder(fx.Interpreter):
@@ -67,7 +74,16 @@ def probe(gm: fx.GraphModule, model: torch.nn.Module, inputs: tuple[Any, ...]) -
         if recorder.storages.get(name, set()) & later:
             mutated_later.add(name)
         later |= mutated
-    return Probe(recorder.specs, frozenset(mutated_later))
+    return Probe(recorder.specs, frozenset(mutated_later), _escapes(gm, model, recorder))
+
+
+def _escapes(gm: fx.GraphModule, model: torch.nn.Module, recorder: _Recorder) -> frozenset[str]:
+    state = (*model.parameters(), *model.buffers())
+    external = {_storage(t) for t in state}
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "get_attr", "output"):
+            external |= recorder.storages.get(node.name, set())
+    return frozenset(name for name, found in recorder.storages.items() if found & external)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
