@@ -11,7 +11,6 @@ import tempfile
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 
 import clouseau
 

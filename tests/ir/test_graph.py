@@ -115,5 +115,5 @@ def test_verifier_checks_subgraphs():
 
 
 def test_graph_node_lookup_names_close_matches():
-    with pytest.raises(KeyError, match="layer1.0.relu"):
+    with pytest.raises(KeyError, match=r"layer1\.0\.relu"):
         block_graph().node("layer1.0.rleu")
