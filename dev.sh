@@ -46,7 +46,12 @@ case "$cmd" in
   setup) setup ;;
   demo) setup; "$VENV/bin/python" examples/quickstart_torch.py "$@" ;;
   test) setup; "$VENV/bin/python" -m pytest -q "$@" ;;
-  bench) setup; "$VENV/bin/python" -m bench "$@" ;;
+  bench)
+    setup
+    # TorchLens, for the comparison against it (optional: skipped when it cannot install).
+    "$VENV/bin/python" -m pip install -q -c constraints.txt -e '.[dev,bench]' ||
+      echo "warning: TorchLens did not install; its comparison is skipped" >&2
+    "$VENV/bin/python" -m bench "$@" ;;
   lint) setup; "$VENV/bin/ruff" format --check . && "$VENV/bin/ruff" check . ;;
   *) sed -n '2,12p' "$0"; exit 2 ;;
 esac

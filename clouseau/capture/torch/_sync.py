@@ -51,7 +51,8 @@ class TraceLock:
             with self._cond:
                 self._readers -= 1
                 self._local.readers = self._mine() - 1
-                self._cond.notify_all()
+                if self._waiting:  # only a waiting tracer can be waiting for runs to end
+                    self._cond.notify_all()
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:

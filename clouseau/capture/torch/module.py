@@ -48,6 +48,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         # Plain dict, not submodules: the lowered graphs hold references to the model's
         # own modules and weights, which must be registered (and counted) once.
         self._lowered: dict[Hashable, tuple[Lowered, int]] = {}
+        self._module_list: tuple[torch.nn.Module, ...] | None = None
 
     def trace(self, *args: Any, **kwargs: Any) -> Graph:
         """Trace and lower for this call signature now; returns the graph with its saves."""
@@ -68,13 +69,12 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         lowered, graph_id = self._lower_for(args, kwargs)
         inputs = lowered.inputs(args, kwargs)
         if not (lowered.saves or lowered.graph.grad_saves):
-            with TRACE_LOCK.shared():  # nothing to record: the model, and only the model
-                return lowered.outputs(lowered.module(*inputs))
+            return lowered.outputs(lowered.module(*inputs))  # the model, and only the model
         call = self._sink.begin_call()
         try:
             # The taps (with grads=) register gradient hooks that put into this call.
             emit = partial(self._put_grad, call, graph_id) if lowered.graph.grad_saves else None
-            with TRACE_LOCK.shared(), emitting_grads(emit):  # not while fx patches (tracing)
+            with emitting_grads(emit):
                 raw = lowered.module(*inputs)
             if lowered.saves:
                 self._sink.put(call, graph_id, _saved_values(lowered, raw[1]))
@@ -90,7 +90,9 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         self._sink.put(call, graph_id, [SavedValue(names, node, to_numpy(grad))])
 
     def _lower_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Lowered, int]:
-        key = (_signature(args, kwargs), tuple(m.training for m in self.model.modules()))
+        if self._module_list is None:  # walking the module tree each call costs more
+            self._module_list = tuple(self.model.modules())
+        key = (_signature(args, kwargs), tuple(m.training for m in self._module_list))
         found = self._lowered.get(key)
         if found is None:
             # Threads racing on a new signature: the first traces, the others reuse it.
@@ -111,6 +113,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self._lowered.clear()
+        self._module_list = None
         return super()._apply(fn, *args, **kwargs)
 
     def extra_repr(self) -> str:
