@@ -24,9 +24,10 @@ import equinox as eqx
 import jax
 import numpy as np
 
+from clouseau.capture._arguments import check_arguments
 from clouseau.capture.jax import _compat
 from clouseau.capture.jax.naming import ACTIVATIONS, join, key_name, path_name
-from clouseau.ir.errors import ArgumentError, ClouseauError, TraceError
+from clouseau.ir.errors import ClouseauError, TraceError
 
 MODULE_MARK = "__clouseau_module_"
 FN_MARK = "__clouseau_fn_"
@@ -99,7 +100,7 @@ def signature(parts: Split) -> tuple[Any, ...]:
 
 def trace_jaxpr(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
     """Trace ``model(*args, **kwargs)`` with module and activation markers."""
-    _check_arguments(model, args, kwargs)
+    check_arguments(model, _model_name(model), args, kwargs, _describe_call(args, kwargs))
     parts = split((model, args, kwargs))
     if not parts.arrays:
         raise TypeError(
@@ -330,31 +331,6 @@ def _control_flow_message(err: BaseException) -> str:
         f"jax.lax.while_loop, fori_loop or scan) instead, or pass the value as a static "
         f"(non-array) argument."
     )
-
-
-def _bare(signature: inspect.Signature) -> inspect.Signature:
-    """``signature`` without annotations: ``(x, mask=None)`` reads best in a message."""
-    return signature.replace(
-        parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
-        return_annotation=signature.empty,
-    )
-
-
-def _check_arguments(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    # Without this, a call with no array reads "found no array", and one with too many
-    # arguments fails deep inside the trace.
-    try:
-        sig = inspect.signature(model)
-    except (TypeError, ValueError):
-        return
-    try:
-        sig.bind(*args, **kwargs)
-    except TypeError as err:
-        raise ArgumentError(
-            f"{_model_name(model)}{_bare(sig)} cannot take the arguments "
-            f"({_describe_call(args, kwargs)}): {err}. Call the instrumented model as you "
-            "would call the model itself."
-        ) from None
 
 
 def _model_name(model: Any) -> str:

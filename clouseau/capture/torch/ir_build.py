@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import re
 from collections.abc import Iterator, Mapping
@@ -13,13 +12,14 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from clouseau.capture._arguments import check_arguments
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.export_trace import trace_export
 from clouseau.capture.torch.fx_trace import trace_fx
 from clouseau.capture.torch.naming import source_from_exception
 from clouseau.capture.torch.probe import Probe, probe
 from clouseau.capture.torch.traced import NodeInfo, Traced
-from clouseau.ir.errors import ArgumentError, TraceError
+from clouseau.ir.errors import TraceError
 from clouseau.ir.graph import AttrValue, Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref
 from clouseau.ir.verify import verify
 
@@ -52,7 +52,13 @@ def trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tr
                 "wrap the function in an nn.Module whose forward calls it"
             )
         raise TypeError(f"clouseau cannot trace a {type(model).__name__}: pass a torch.nn.Module")
-    _check_arguments(model, args, kwargs)
+    check_arguments(
+        model.forward,
+        f"{type(model).__name__}.forward",
+        args,
+        kwargs,
+        _describe_inputs(args, kwargs),
+    )
     # Tracers patch torch.nn.Module process-wide: no lowered graph may run meanwhile.
     with TRACE_LOCK.exclusive():
         return _trace_model(model, args, kwargs)
@@ -183,31 +189,6 @@ def _both_failed(
         "for branches), or mark the offending submodule as a leaf with "
         "clouseau.capture.torch.mark_leaf(model.<path>) so it runs untraced as one node."
     )
-
-
-def _bare(signature: inspect.Signature) -> inspect.Signature:
-    """``signature`` without annotations: ``(x, mask=None)`` reads best in a message."""
-    return signature.replace(
-        parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
-        return_annotation=signature.empty,
-    )
-
-
-def _check_arguments(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    # Both tracers would fail on this with a bare TypeError under a misleading "cannot
-    # trace"; say what forward takes instead.
-    try:
-        signature = inspect.signature(model.forward)
-    except (TypeError, ValueError):
-        return
-    try:
-        signature.bind(*args, **kwargs)
-    except TypeError as error:
-        raise ArgumentError(
-            f"{type(model).__name__}.forward{_bare(signature)} cannot take the arguments "
-            f"({_describe_inputs(args, kwargs)}): {error}. Call the instrumented model as you "
-            "would call the model itself."
-        ) from None
 
 
 def _describe_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
