@@ -23,6 +23,8 @@ from bench.harness import (
     Config,
     Variant,
     build,
+    captured_arrays,
+    loaded_arrays,
     remove_files,
     run_variants,
     scratch_dir,
@@ -155,29 +157,19 @@ def _floor(
     return Variant(name, step=step, note=f"{len(arrays)} arrays, {mib:.1f} MiB")
 
 
+def _to_device(array: np.ndarray) -> jax.Array:
+    return jax.device_put(np.array(array))
+
+
 def _captured(case: JaxCase, select: str, path: Path) -> dict[str, jax.Array] | str:
     """The arrays clouseau saves for ``select``, on the device, by file key."""
-    try:
-        import clouseau
-
-        with clouseau.instrument(case.model, select=select, path=path) as fmodel:
-            jax.block_until_ready(fmodel(*case.inputs))
-    except Exception as err:
-        return f"needs clouseau's capture of select={select!r} for its arrays: {type(err).__name__}: {err}"
-    return _loaded(path)
+    return captured_arrays(
+        case.model, case.inputs, select, path, _to_device, finish=jax.block_until_ready
+    )
 
 
 def _loaded(path: Path) -> dict[str, jax.Array] | str:
-    """The arrays of the capture at ``path``, on the device, by file key."""
-    try:
-        import clouseau
-
-        cap = clouseau.load(path)
-        if not cap.records:
-            return f"the capture in {path} is empty (its first call failed)"
-        return {r.key: jax.device_put(np.array(cap.get(r.name, call=r.call))) for r in cap.records}
-    except Exception as err:
-        return f"needs a clouseau capture for its arrays: {type(err).__name__}: {err}"
+    return loaded_arrays(path, _to_device)
 
 
 def first_call_table(case: JaxCase, d: Path, jitted: Any, with_warm: bool = True) -> Table:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -21,6 +22,8 @@ from bench.harness import (
     Config,
     Variant,
     build,
+    captured_arrays,
+    loaded_arrays,
     remove_files,
     run_variants,
     scratch_dir,
@@ -251,33 +254,17 @@ def _is_activation_module(m: nn.Module) -> bool:
 
 
 # -- the tensors we save -----------------------------------------------------------------------
+def _to_tensor(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(array.copy())
+
+
 def _captured(case: TorchCase, select: str, path: Path) -> dict[str, torch.Tensor] | str:
-    """The arrays clouseau saves for ``select``, as torch tensors by file key.
-
-    The floors write exactly these (same keys, shapes, dtypes, bytes); if clouseau cannot
-    capture yet, the floor is skipped with the reason.
-    """
-    try:
-        import clouseau
-
-        with clouseau.instrument(case.model, select=select, path=path) as fmodel:
-            fmodel(*case.inputs)
-    except Exception as err:
-        return f"needs clouseau's capture of select={select!r} for its tensors: {type(err).__name__}: {err}"
-    return _loaded(path)
+    """The arrays clouseau saves for ``select``, as torch tensors by file key."""
+    return captured_arrays(case.model, case.inputs, select, path, _to_tensor)
 
 
 def _loaded(path: Path) -> dict[str, torch.Tensor] | str:
-    """The arrays of the capture at ``path`` as torch tensors, by file key."""
-    try:
-        import clouseau
-
-        cap = clouseau.load(path)
-        if not cap.records:
-            return f"the capture in {path} is empty (its first call failed)"
-        return {r.key: torch.from_numpy(cap.get(r.name, call=r.call).copy()) for r in cap.records}
-    except Exception as err:
-        return f"needs a clouseau capture for its tensors: {type(err).__name__}: {err}"
+    return loaded_arrays(path, _to_tensor)
 
 
 def _mib(tensors: dict[str, torch.Tensor]) -> float:

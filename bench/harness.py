@@ -438,3 +438,40 @@ def _error(err: BaseException) -> str:
 def _one_line(text: str, limit: int = 160) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# -- the arrays a capture holds (what the floors write) ----------------------------------------
+def captured_arrays(
+    model: Any,
+    inputs: tuple[Any, ...],
+    select: str,
+    path: Path,
+    convert: Callable[[Any], Any],
+    finish: Callable[[Any], Any] = lambda out: out,
+) -> dict[str, Any] | str:
+    """The arrays clouseau saves for ``select``, converted, by file key; or why not.
+
+    The floors write exactly these (same keys, shapes, dtypes, bytes); if clouseau cannot
+    capture, the floor is skipped with the reason.
+    """
+    try:
+        import clouseau
+
+        with clouseau.instrument(model, select=select, path=path) as fmodel:
+            finish(fmodel(*inputs))
+    except Exception as err:
+        return f"needs clouseau's capture of select={select!r}: {type(err).__name__}: {err}"
+    return loaded_arrays(path, convert)
+
+
+def loaded_arrays(path: Path, convert: Callable[[Any], Any]) -> dict[str, Any] | str:
+    """The arrays of the capture at ``path``, converted, by file key; or why not."""
+    try:
+        import clouseau
+
+        cap = clouseau.load(path)
+        if not cap.records:
+            return f"the capture in {path} is empty (its first call failed)"
+        return {r.key: convert(cap.get(r.name, call=r.call)) for r in cap.records}
+    except Exception as err:
+        return f"needs a clouseau capture for its arrays: {type(err).__name__}: {err}"

@@ -29,6 +29,21 @@ from clouseau.ir.passes import producer_of
 from clouseau.ir.selection import SelectLike
 
 
+@dataclass(frozen=True)
+class SaveTarget:
+    """What the host does with one saved tensor, decided once per signature.
+
+    ``names`` and ``node`` label it in the capture (``node`` is the original producer,
+    also through an intervention); ``host_copy`` says whether its host array must be a
+    copy (its memory outlives the call: an input, a parameter, an output, or what an
+    intervention returned).
+    """
+
+    names: tuple[str, ...]
+    node: str
+    host_copy: bool
+
+
 @dataclass(frozen=True, eq=False)
 class Lowered:
     """An instrumented model for one input signature.
@@ -44,16 +59,19 @@ class Lowered:
         The IR save nodes, in the order of the tensors the module returns.
     traced
         The traced model (its calling-convention adapters, probe facts, plain graph).
-    host_copy
-        Per save: whether its host array must be a copy (the tensor's memory outlives the
-        call: an input, a parameter, an output, or what an intervention returned).
+    targets
+        Per save: its names, its producer and whether its host array must be a copy.
     """
 
     module: fx.GraphModule
     graph: Graph
     saves: tuple[Node, ...]
     traced: TracedModel
-    host_copy: tuple[bool, ...] = ()
+    targets: tuple[SaveTarget, ...] = ()
+
+    @property
+    def host_copy(self) -> tuple[bool, ...]:
+        return tuple(t.host_copy for t in self.targets)
 
     def inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """The positional inputs of :attr:`module` for a call ``model(*args, **kwargs)``."""
@@ -79,8 +97,15 @@ def lower(
     traced = trace_model(model, args, kwargs)
     rewritten = rewrite(traced.graph, select=select, intervene=intervene, grads=grads)
     graph = rewritten.graph
-    host_copy = tuple(_needs_host_copy(graph, traced, save) for save in graph.saves)
-    return Lowered(_rewrite(traced, rewritten), graph, graph.saves, traced, host_copy)
+    targets = tuple(
+        SaveTarget(
+            tuple(str(n) for n in save.attr("names")),  # type: ignore[union-attr]
+            producer_of(graph, save.inputs[0]).node,
+            _needs_host_copy(graph, traced, save),
+        )
+        for save in graph.saves
+    )
+    return Lowered(_rewrite(traced, rewritten), graph, graph.saves, traced, targets)
 
 
 def _needs_host_copy(graph: Graph, traced: TracedModel, save: Node) -> bool:

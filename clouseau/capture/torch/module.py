@@ -17,7 +17,6 @@ from clouseau.capture.torch.lower import Lowered, lower
 from clouseau.ir.actions import Action
 from clouseau.ir.graph import Graph
 from clouseau.ir.interventions import Grads
-from clouseau.ir.passes import producer_of
 from clouseau.ir.selection import SelectLike
 from clouseau.ir.sink import SavedValue, Sink
 
@@ -124,17 +123,10 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
 
 
 def _saved_values(lowered: Lowered, tensors: tuple[torch.Tensor, ...]) -> list[SavedValue]:
-    graph = lowered.graph
     return [
-        SavedValue(_names(save), producer_of(graph, save.inputs[0]).node, to_numpy(t, copy=copy))
-        for save, t, copy in zip(lowered.saves, tensors, lowered.host_copy, strict=True)
+        SavedValue(target.names, target.node, to_numpy(t, copy=target.host_copy))
+        for target, t in zip(lowered.targets, tensors, strict=True)
     ]
-
-
-def _names(save: Any) -> tuple[str, ...]:
-    names = save.attr("names")
-    assert isinstance(names, tuple)
-    return tuple(str(n) for n in names)
 
 
 def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
@@ -159,7 +151,7 @@ def to_numpy(t: torch.Tensor, *, copy: bool = True) -> np.ndarray:
     """A host array with the dtype, shape and values of ``t`` (C-contiguous).
 
     With ``copy=False`` a CPU tensor's memory is shared, not copied: only for tensors
-    nothing else can write to once the call returns (see ``Lowered.host_copy``).
+    nothing else can write to once the call returns (see ``SaveTarget.host_copy``).
     """
     t = t.detach().resolve_conj().resolve_neg()
     if t.dtype is torch.bfloat16:
