@@ -154,10 +154,11 @@ def export_jax(lowered: Any, opset: int = OPSET) -> tuple[onnx.ModelProto, Graph
     plan = replace(
         plan, slots=tuple(s for s in plan.slots if graph.node(s.node).kind not in leaf_kinds)
     )
-    inside = [s.names[0] for s in plan.slots if s.loops]
+    inside = [s.names[0] for s in plan.slots if s.names and s.nested]
     if inside:
         raise UnsupportedOpError(
-            f"cannot export {inside[0]!r} to ONNX: it is computed inside a lax.scan, which clouseau does not lower to ONNX"
+            f"cannot export {inside[0]!r} to ONNX: it is computed inside a lax.scan, cond or "
+            "while_loop, which clouseau does not lower to ONNX; select points outside it"
         )
     conv = Converter(graph, [s.names[0] for s in plan.slots])
     closed = traced.jaxpr

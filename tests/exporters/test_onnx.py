@@ -100,6 +100,19 @@ def test_unsupported_jax_primitive_names_node_and_op(tmp_path: Path) -> None:
         clouseau.export_onnx(f, (jnp.arange(4.0),), tmp_path / "m.onnx", select="*")
 
 
+def test_point_inside_a_jax_cond_is_refused_with_the_fix(tmp_path: Path) -> None:
+    jax = pytest.importorskip("jax")
+    from clouseau.exporters.onnx_jax import UnsupportedOpError
+
+    def f(x: object) -> object:
+        return jax.lax.cond(x.sum() > 0, jax.numpy.sin, jax.numpy.cos, x)  # type: ignore[attr-defined]
+
+    with pytest.raises(
+        UnsupportedOpError, match=r"'cond[.]sin[.]sin'.*cond.*select points outside"
+    ):
+        clouseau.export_onnx(f, (jax.numpy.ones(3),), tmp_path / "m.onnx", select="cond.sin.sin")
+
+
 def test_jax_function_with_elementwise_and_reductions(tmp_path: Path) -> None:
     jax = pytest.importorskip("jax")
     jnp = jax.numpy

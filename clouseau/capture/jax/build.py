@@ -1,17 +1,17 @@
 """Turn a marked jaxpr (see :mod:`~clouseau.capture.jax.jaxpr_trace`) into an IR Graph.
 
 Sub-jaxprs are flattened into the one graph, so every point is selectable with one name:
-``jit`` (module markers, the user's jitted functions), ``remat``/``checkpoint`` and
-``scan`` bodies become nodes of the graph with a name prefix (see
-:mod:`~clouseau.capture.jax.naming`). Activation markers, JAX's own jitted helpers and
-``custom_jvp``/``custom_vjp`` functions are one node each whose internals are not points
-(saving inside a custom derivative would change how it differentiates). ``cond``,
-``while`` and other control flow are one opaque node each: values inside them exist a
-data-dependent number of times, so they are not points.
+``jit`` (module markers, the user's jitted functions), ``remat``/``checkpoint``, the
+user's ``custom_jvp``/``custom_vjp`` functions, ``scan`` and ``while`` bodies and ``cond``
+branches become nodes of the graph with a name prefix (see
+:mod:`~clouseau.capture.jax.naming`); a scan, while or cond is also a node of its own,
+after its bodies, whose outputs are the loop's or branch's results. Activation markers and
+JAX's own jitted or custom-derivative helpers are one node each.
 
 ``Node.key`` is the equation's path through the nested jaxprs (``"3/0/5"``: equation 5 of
 the sub-jaxpr of equation 0 of the sub-jaxpr of equation 3); ``"3/in1"`` is input 1 of
-that sub-jaxpr (a scan carry or slice). :mod:`~clouseau.capture.jax.lower` finds the
+that sub-jaxpr (a scan carry or slice); a cond's branch ``b`` is ``"3/b1/..."`` and a
+while's body ``"3/body/..."``. :mod:`~clouseau.capture.jax.lower` finds the
 values to save by these keys.
 """
 
@@ -25,6 +25,7 @@ import numpy as np
 from clouseau.capture.jax import _compat
 from clouseau.capture.jax.jaxpr_trace import FN_MARK, MODULE_MARK, Traced
 from clouseau.capture.jax.naming import Namer, clean, join
+from clouseau.capture.jax.rerun import CUSTOM
 from clouseau.ir.graph import (
     DType,
     Frontend,
@@ -41,7 +42,6 @@ from clouseau.ir.graph import (
 from clouseau.ir.verify import verify
 
 FLATTENED = frozenset({"jit", "pjit", "scan", "remat2", "checkpoint", "remat"})
-_CUSTOM = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
 
 
 @dataclass(frozen=True)
@@ -191,10 +191,27 @@ class _Builder:
             return self._sub(eqn.params["jaxpr"], (), inputs, key, local)
         if prim == "scan":
             return self._scan(eqn, key, inputs, local)
-        if prim in _CUSTOM:
-            fn = _custom_name(eqn) or prim
-            return self._opaque(fn, eqn, key, refs, local)
+        if prim == "cond":
+            return self._cond(eqn, key, inputs, local)
+        if prim == "while":
+            return self._while(eqn, key, inputs, local)
+        if prim in CUSTOM:
+            return self._custom(eqn, key, inputs, local)
         return self._opaque(prim, eqn, key, refs, local)
+
+    def _custom(
+        self, eqn: Any, key: str, inputs: list[Ref | None], scope: Scope
+    ) -> list[Ref | None]:
+        # The user's custom_jvp/custom_vjp function opens like their jitted function;
+        # JAX's own (jax.nn.relu, logsumexp) stay one op.
+        fn = _custom_name(eqn) or eqn.primitive.name
+        closed = eqn.params["call_jaxpr"]
+        if _is_jax_function(closed):
+            return self._opaque(fn, eqn, key, tuple(r for r in inputs if r is not None), scope)
+        path = self.namer_peek(join(scope.prefix, fn))
+        outs = self._sub(closed.jaxpr, closed.consts, inputs, key, replace(scope, prefix=path))
+        self._alias_outputs(outs, path, reserved=True)
+        return outs
 
     def namer_peek(self, base: str) -> str:
         # A scope's name is taken now so that a later op of the same name gets a suffix.
@@ -243,31 +260,82 @@ class _Builder:
         sub = replace(scope, prefix=name)
         inner_refs: list[Ref | None] = list(inputs[:n_consts])
         for i, var in enumerate(body.jaxpr.invars[n_consts:], start=n_consts):
-            outer = inputs[i]
             is_carry = i < n_consts + n_carry
             base, op = ("carry", "scan_carry") if is_carry else ("x", "scan_slice")
-            inner_refs.append(
-                self.add(
-                    base, NodeKind.OP, op, (outer,) if outer else (), (var,), sub, f"{key}/in{i}"
-                )
-            )
+            inner_refs.append(self._body_input(base, op, inputs[i], var, sub, f"{key}/in{i}"))
         self._sub(body.jaxpr, body.consts, inner_refs, key, sub)
-        refs = tuple(r for r in inputs if r is not None)
+        attrs = (("length", int(params["length"])), ("reverse", bool(params["reverse"])))
+        return self._control(name, "scan", eqn, key, inputs, scope, attrs)
+
+    def _cond(self, eqn: Any, key: str, inputs: list[Ref | None], scope: Scope) -> list[Ref | None]:
+        branches = eqn.params["branches"]
+        name = self.namer_peek(join(scope.prefix, "cond"))
+        for b, (closed, label) in enumerate(zip(branches, _branch_labels(branches), strict=True)):
+            sub = replace(scope, prefix=join(name, label))
+            self._sub(closed.jaxpr, closed.consts, inputs[1:], f"{key}/b{b}", sub)
+        return self._control(name, "cond", eqn, key, inputs, scope, (("branches", len(branches)),))
+
+    def _while(
+        self, eqn: Any, key: str, inputs: list[Ref | None], scope: Scope
+    ) -> list[Ref | None]:
+        params = eqn.params
+        body = params["body_jaxpr"]
+        n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
+        name = self.namer_peek(join(scope.prefix, "while"))
+        sub = replace(scope, prefix=name)
+        inner_refs: list[Ref | None] = list(inputs[n_cond : n_cond + n_body])
+        for i, var in enumerate(body.jaxpr.invars[n_body:], start=n_body):
+            outer = inputs[n_cond + i]
+            inner_refs.append(
+                self._body_input("carry", "while_carry", outer, var, sub, f"{key}/body/in{i}")
+            )
+        self._sub(body.jaxpr, body.consts, inner_refs, f"{key}/body", sub)
+        return self._control(name, "while", eqn, key, inputs, scope, ())
+
+    def _body_input(
+        self, base: str, op: str, outer: Ref | None, var: Any, scope: Scope, key: str
+    ) -> Ref:
+        """A value entering a loop body each iteration (a carry or a slice)."""
+        return self.add(base, NodeKind.OP, op, (outer,) if outer else (), (var,), scope, key)
+
+    def _control(
+        self,
+        name: str,
+        op: str,
+        eqn: Any,
+        key: str,
+        inputs: list[Ref | None],
+        scope: Scope,
+        attrs: tuple[tuple[str, Any], ...],
+    ) -> list[Ref | None]:
+        """The node of a scan, cond or while, after the nodes of its bodies."""
         node = Node(
             name=name,
             kind=NodeKind.OP,
-            op="scan",
-            inputs=refs,
+            op=op,
+            inputs=tuple(r for r in inputs if r is not None),
             outputs=tuple(_spec(v.aval) for v in eqn.outvars),
             module=scope.module,
             module_type=scope.module_type,
             source=_source(eqn),
-            attrs=(("length", int(params["length"])), ("reverse", bool(params["reverse"]))),
+            attrs=attrs,
             key=key,
         )
         self.index[name] = len(self.nodes)
         self.nodes.append(node)
         return [Ref(name, i) for i in range(len(eqn.outvars))]
+
+
+def _branch_labels(branches: Any) -> list[str]:
+    """``cond.<label>.<op>``: the branch function's name, else ``branch<i>`` (switch order)."""
+    names = [
+        clean(str(getattr(getattr(c.jaxpr, "debug_info", None), "func_name", "") or ""))
+        for c in branches
+    ]
+    usable = all(n.isidentifier() and n != "lambda" for n in names) and len(set(names)) == len(
+        names
+    )
+    return names if usable else [f"branch{i}" for i in range(len(branches))]
 
 
 def _local_scope(scope: Scope, eqn: Any) -> Scope:
@@ -308,7 +376,7 @@ def _source(eqn: Any) -> Source | None:
 
 def _attrs(eqn: Any) -> tuple[tuple[str, Any], ...]:
     # Only small, plain parameters: enough to read the printed graph.
-    if eqn.primitive.name in ("jit", "pjit", *_CUSTOM):
+    if eqn.primitive.name in ("jit", "pjit", *CUSTOM):
         return ()
     out = _flop_attrs(eqn)
     for k, v in eqn.params.items():

@@ -1,7 +1,7 @@
 """Lowering of the intervene and save_grad IR nodes in the jaxpr rewrite.
 
 An intervene node becomes a :class:`~clouseau.capture.jax.lower.Rewrite` of the value at
-its producer's key: :func:`~clouseau.capture.jax.lower.run` replaces the value by
+its producer's key: :func:`~clouseau.capture.jax.rerun.run` replaces the value by
 ``action.apply(value, JaxOps())`` before any later equation (or save) reads it, so it
 works under ``jit``, ``vmap``, ``grad`` and inside ``scan`` bodies like the model.
 
@@ -18,18 +18,27 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import io_callback
 
+from clouseau.capture.jax import host
 from clouseau.capture.jax.jaxpr_trace import Traced
-from clouseau.capture.jax.lower import Plan, Rewrite, Slot, deliver, loops, run
+from clouseau.capture.jax.lower import (
+    Plan,
+    Rewrite,
+    begin_call,
+    emitter,
+    loops,
+    run_call,
+    stream_emitter,
+)
+from clouseau.capture.jax.rerun import Stream
 from clouseau.ir.actions import Action
-from clouseau.ir.errors import TraceError
 from clouseau.ir.graph import Graph
 from clouseau.ir.passes import producer_of
 from clouseau.ir.sink import SavedValue, Sink
@@ -78,11 +87,12 @@ def grad_emitting(traced: Traced, plan: Plan, graph: Graph, graph_id: int, sink:
         if loops(graph, key):
             warnings.warn(
                 f"clouseau does not save the gradient of {names[0][: -len('.grad')]!r}: it is "
-                "computed inside a lax.scan body",
+                "computed inside a lax.scan or while_loop body",
                 stacklevel=2,
             )
             continue
         sites.append((key, ref.index, names, ref.node))
+    stream = Stream(emit=stream_emitter(plan, sink, graph_id))
 
     def emitting(*arrays: Any) -> list[Any]:
         call = begin_call(sink)
@@ -90,27 +100,13 @@ def grad_emitting(traced: Traced, plan: Plan, graph: Graph, graph_id: int, sink:
             Rewrite(key, output, tap(partial(put_grad, sink, graph_id, names, node), call))
             for key, output, names, node in sites
         ]
-        saved: dict[int, Any] = {}
-        outs = run(closed.jaxpr, closed.consts, arrays, "", plan.with_rewrites(taps), saved)
-        missing = [s.names[0] for i, s in enumerate(plan.slots) if i not in saved]
-        if missing:
-            raise TraceError(
-                f"clouseau could not reach the selected points {missing} when rerunning the model"
-            )
-        values = [jax.lax.stop_gradient(saved[i]) for i in range(len(plan.slots))]
-        emitter(partial(deliver_into, sink, graph_id, plan.slots))(call, *values)
+        tapped = plan.with_rewrites(taps)
+        outs, saved = run_call(closed, tapped, arrays, replace(stream, call=call))
+        values = [jax.lax.stop_gradient(v) for v in saved]
+        emitter(partial(host.deliver, sink, graph_id, plan, plan.top))(call, *values)
         return outs
 
     return jax.jit(emitting)
-
-
-def begin_call(sink: Sink) -> Any:
-    """The sink's next call index, numbered on the host when the computation runs."""
-    return io_callback(partial(_begin, sink), jax.ShapeDtypeStruct((), jnp.int32), ordered=False)
-
-
-def _begin(sink: Sink) -> np.ndarray:
-    return np.int32(sink.begin_call())
 
 
 def tap(host: Callable[..., None], call: Any) -> Callable[[Any], Any]:
@@ -135,44 +131,9 @@ def _tap_bwd(host: Callable[..., None], call: Any, cotangent: Any) -> tuple[Any,
 _tap.defvjp(_tap_fwd, _tap_bwd)
 
 
-def emitter(host: Callable[..., None], nbatch: int = 0) -> Callable[..., Any]:
-    """Hand ``(call, *arrays)`` to ``host(nbatch, call, *arrays)`` once per execution.
-
-    As :func:`clouseau.capture.jax.lower._emitter`, with the call index as the first,
-    never batched, argument: under ``vmap`` one host call gets the batch axes in front.
-    """
-
-    @jax.custom_batching.custom_vmap
-    def emit(call: Any, *values: Any) -> tuple[()]:
-        jax.debug.callback(partial(host, nbatch), call, *values)
-        return ()
-
-    @emit.def_vmap
-    def _batched(
-        axis_size: int, in_batched: list[bool], call: Any, *values: Any
-    ) -> tuple[tuple[()], tuple[()]]:
-        # One call index per execution: a batched copy of it holds the same number.
-        index = call[0] if in_batched[0] else call
-        full = [
-            v if b else jnp.broadcast_to(v, (axis_size, *jnp.shape(v)))
-            for v, b in zip(values, in_batched[1:], strict=True)
-        ]
-        emitter(host, nbatch + 1)(index, *full)
-        return (), ()
-
-    return emit
-
-
 def put_grad(
     sink: Sink, graph_id: int, names: tuple[str, ...], node: str, nbatch: int, call: Any, grad: Any
 ) -> None:
     """Host side of a tap: one gradient, into the call its forward pass began."""
     del nbatch  # the gradient has the batch axes the value had: nothing to split
     sink.put(int(call), graph_id, [SavedValue(names, node, np.array(grad, copy=True))])
-
-
-def deliver_into(
-    sink: Sink, graph_id: int, slots: tuple[Slot, ...], nbatch: int, call: Any, *arrays: Any
-) -> None:
-    """:func:`~clouseau.capture.jax.lower.deliver` into the call :func:`begin_call` numbered."""
-    deliver(sink, graph_id, slots, nbatch, *arrays, call=int(call))

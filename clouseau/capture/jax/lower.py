@@ -1,15 +1,11 @@
 """Lower an instrumented graph back to runnable JAX: rerun the jaxpr and take out the saves.
 
-The traced jaxpr is re-evaluated equation by equation (each equation re-bound as
-``jax.core.eval_jaxpr`` does, so the computation is the model's). Sub-jaxprs holding a
-save are opened: a ``jit`` is inlined, a ``remat`` is rebuilt with ``jax.checkpoint``
-around the interpreted body, a ``scan`` is rebuilt with ``jax.lax.scan`` whose body also
-returns its saved values (stacked: one leading axis per enclosing scan).
-
-:func:`lower` gives two jitted functions of the model's array leaves:
+:mod:`~clouseau.capture.jax.rerun` re-evaluates the traced jaxpr and opens the sub-jaxprs
+that hold saves. :func:`lower` gives two jitted functions of the model's array leaves:
 
 - ``collect`` returns ``(outputs, saved)``: used when the instrumented model is called
-  with concrete arrays; the saved values come back as outputs, no host callback.
+  with concrete arrays; the saved values come back as outputs, no host callback (except
+  one per ``while_loop`` iteration holding a save, whose count only the run knows).
 - ``emitting`` returns the outputs and hands every saved value of the call to the sink in
   one ``jax.debug.callback`` at the end of the call: used inside the user's ``jit``,
   ``vmap``, ``grad``, ``scan``, ``checkpoint``. The callback sits inside a
@@ -17,36 +13,56 @@ returns its saved values (stacked: one leading axis per enclosing scan).
   ``vmap`` one call carries arrays with the batch axes in front (not one call per example);
   the saved values pass ``stop_gradient`` first, so under differentiation JAX runs the
   callback once, on the primal values.
+
+Each saved value is a :class:`Slot` of a :class:`Plan`. Slots without names are hidden:
+the branch index of a ``cond`` (the host keeps a value computed in a branch only when that
+branch ran) and the trip count of a ``while`` (the call's last delivery waits on it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+from jax.experimental import io_callback
 
-from clouseau.capture.jax import _compat
+from clouseau.capture.jax import host
 from clouseau.capture.jax.jaxpr_trace import Traced
+from clouseau.capture.jax.rerun import Stream, run
 from clouseau.ir.errors import TraceError
 from clouseau.ir.graph import Graph
 from clouseau.ir.passes import producer_of
-from clouseau.ir.sink import SavedValue, Sink
+from clouseau.ir.sink import Sink
+
+CONTROL = frozenset({"scan", "cond", "while"})
 
 
 @dataclass(frozen=True)
 class Slot:
-    """One saved value: which names it has and where in the jaxpr it is computed."""
+    """One saved value: which names it has and where in the jaxpr it is computed.
 
-    names: tuple[str, ...]
+    ``stream`` is the key of the innermost ``while`` around it (``""``: the value leaves
+    with the call's other values); ``loops`` counts the scans between there and the value
+    (its leading iteration axes); ``guards`` pair the slot id of an enclosing cond's
+    branch index with the branch the value is computed in.
+    """
+
+    names: tuple[str, ...]  # () for a hidden slot
     node: str
     key: str
     output: int
-    loops: int  # enclosing scans: the saved array has this many leading iteration axes
+    loops: int
+    stream: str = ""
+    guards: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def nested(self) -> bool:
+        """Inside a scan, cond or while of the model."""
+        return bool(self.loops or self.stream or self.guards)
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,13 +82,58 @@ class Plan:
     slots: tuple[Slot, ...]
     rewrites: tuple[Rewrite, ...] = ()
 
-    def at(self, key: str) -> tuple[tuple[int, int], ...]:
-        """(slot id, output index) of the saves of the equation (or input) at ``key``."""
-        return tuple((i, s.output) for i, s in enumerate(self.slots) if s.key == key)
+    def record(self, key: str, values: Sequence[Any], saved: dict[int, Any]) -> None:
+        """Put the values of the slots at ``key`` (an equation or input) in ``saved``."""
+        for i in self._by_key.get(key, ()):
+            saved[i] = values[self.slots[i].output]
+
+    @cached_property
+    def _by_key(self) -> dict[str, list[int]]:
+        found: dict[str, list[int]] = {}
+        for i, slot in enumerate(self.slots):
+            found.setdefault(slot.key, []).append(i)
+        return found
 
     def inside(self, key: str) -> bool:
         prefix = key + "/"
         return any(s.key.startswith(prefix) for s in (*self.slots, *self.rewrites))
+
+    def rewrites_inside(self, key: str) -> bool:
+        return any(r.key.startswith(key + "/") for r in self.rewrites)
+
+    def streams_inside(self, key: str) -> bool:
+        """A while loop inside ``key`` streams values (it needs the iteration numbers)."""
+        return any(s.stream.startswith(key + "/") for s in self.slots)
+
+    def collected_inside(self, key: str) -> list[int]:
+        """Slot ids inside ``key`` whose values leave through it (not streamed inside)."""
+        stream = self.stream_at(key)
+        own = (f"{key}/index", f"{key}/count")  # recorded outside it
+        return [
+            i
+            for i, s in enumerate(self.slots)
+            if s.key.startswith(key + "/") and s.key not in own and s.stream == stream
+        ]
+
+    def stream_at(self, key: str) -> str:
+        """The key of the innermost while around ``key`` whose body streams (``""``)."""
+        found = ""
+        for s in self.slots:
+            if s.stream and key.startswith(s.stream + "/") and len(s.stream) > len(found):
+                found = s.stream
+        return found
+
+    def streamed_by(self, key: str) -> list[int]:
+        return [i for i, s in enumerate(self.slots) if s.stream == key]
+
+    @property
+    def top(self) -> tuple[int, ...]:
+        """Slot ids delivered at the end of the call."""
+        return tuple(i for i, s in enumerate(self.slots) if not s.stream)
+
+    @property
+    def streams(self) -> bool:
+        return any(s.stream for s in self.slots)
 
     def rewrite(self, key: str, values: Sequence[Any]) -> list[Any]:
         """``values`` of the equation at ``key`` with its rewrites applied, in order."""
@@ -88,39 +149,98 @@ class Plan:
 
 @dataclass(frozen=True)
 class Lowered:
-    """The runnable forms of one instrumented graph (one input signature)."""
+    """The runnable forms of one instrumented graph (one input signature).
+
+    ``collect(*arrays)`` (``collect(call, *arrays)`` where ``streams``: the call index
+    numbers the values a while loop streams) returns ``(outputs, saved)`` with one saved
+    value per id of ``plan.top``.
+    """
 
     graph: Graph
     graph_id: int
     plan: Plan
     collect: Callable[..., Any]
     emitting: Callable[..., Any]
+    streams: bool = False
 
 
 def make_plan(graph: Graph, rewrites: Sequence[Rewrite] = ()) -> Plan:
-    """The slots of the save nodes of ``graph``, in graph order, and the given rewrites.
+    """The slots of the save nodes of ``graph``, in graph order, then the hidden ones.
 
     A save of an intervened value sits at the producer's key: the rewrite runs first.
     """
-    slots = []
-    for save in graph.saves:
-        ref = producer_of(graph, save.inputs[0])
-        node = graph.node(ref.node)
-        names = save.attr("names")
-        assert isinstance(names, tuple)
-        slots.append(
-            Slot(
-                tuple(str(n) for n in names), node.name, node.key, ref.index, loops(graph, node.key)
-            )
+    return _Placer(graph).plan(tuple(rewrites))
+
+
+class _Placer:
+    """Places saved values in the control flow of a graph (see :class:`Slot`)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.control = {n.key: n for n in graph.nodes if n.op in CONTROL}
+        self.slots: list[Slot] = []
+        self.hidden: dict[str, int] = {}
+
+    def plan(self, rewrites: tuple[Rewrite, ...]) -> Plan:
+        saves = []
+        for save in self.graph.saves:
+            ref = producer_of(self.graph, save.inputs[0])
+            node = self.graph.node(ref.node)
+            names = tuple(str(n) for n in save.attr("names"))  # type: ignore[union-attr]
+            saves.append((names, node.name, node.key, ref.index))
+        for names, node, key, output in saves:
+            self.slots.append(self.slot(names, node, key, output))
+        # Hidden slots are made while placing and go after the saves.
+        hidden = [s for s in self.slots if not s.names]
+        visible = [s for s in self.slots if s.names]
+        order = {id(s): i for i, s in enumerate([*visible, *hidden])}
+        old = {i: order[id(s)] for i, s in enumerate(self.slots)}
+        ordered = [
+            replace(s, guards=tuple((old[g], b) for g, b in s.guards)) for s in (*visible, *hidden)
+        ]
+        return Plan(tuple(ordered), rewrites)
+
+    def slot(
+        self, names: tuple[str, ...], node: str, key: str, output: int, where: str = ""
+    ) -> Slot:
+        """The slot of the value at ``key``, computed where the equation ``where`` is."""
+        where = where or key
+        chain = [k for k in _prefixes(where) if k in self.control]
+        whiles = [k for k in chain if self.control[k].op == "while"]
+        stream = whiles[-1] if whiles else ""
+        inner = chain[chain.index(stream) + 1 :] if stream else chain
+        guards = tuple(
+            (self.hidden_slot(f"{k}/index", k), _branch(where, k))
+            for k in inner
+            if self.control[k].op == "cond"
         )
-    return Plan(tuple(slots), tuple(rewrites))
+        for k in whiles:
+            self.hidden_slot(f"{k}/count", k)
+        loops = sum(self.control[k].op == "scan" for k in inner)
+        return Slot(names, node, key, output, loops, stream, guards)
+
+    def hidden_slot(self, key: str, owner: str) -> int:
+        if key not in self.hidden:
+            # Computed just outside the cond or while it belongs to.
+            slot = self.slot((), self.control[owner].name, key, 0, where=owner)
+            self.hidden[key] = len(self.slots)
+            self.slots.append(slot)
+        return self.hidden[key]
+
+
+def _prefixes(key: str) -> list[str]:
+    parts = key.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _branch(key: str, cond: str) -> int:
+    return int(key[len(cond) + 1 :].split("/")[0].removeprefix("b"))
 
 
 def loops(graph: Graph, key: str) -> int:
-    """How many scans enclose the equation at ``key``."""
-    scans = {n.key for n in graph.nodes if n.op == "scan"}
-    parts = key.split("/")
-    return sum("/".join(parts[:i]) in scans for i in range(1, len(parts)))
+    """How many scans and while loops enclose the equation at ``key``."""
+    control = {n.key for n in graph.nodes if n.op in ("scan", "while")}
+    return sum(k in control for k in _prefixes(key))
 
 
 def lower(
@@ -132,186 +252,76 @@ def lower(
     """
     plan = make_plan(graph, rewrites)
     closed = traced.jaxpr
-    host = partial(deliver, sink, graph_id, plan.slots)
+    stream = Stream(emit=stream_emitter(plan, sink, graph_id))
 
     def collect(*arrays: Any) -> tuple[list[Any], list[Any]]:
-        saved: dict[int, Any] = {}
-        outs = run(closed.jaxpr, closed.consts, arrays, "", plan, saved)
-        missing = [s.names[0] for i, s in enumerate(plan.slots) if i not in saved]
-        if missing:
-            raise TraceError(
-                f"clouseau could not reach the selected points {missing} when rerunning the model"
-            )
-        return outs, [saved[i] for i in range(len(plan.slots))]
+        call, arrays = (arrays[0], arrays[1:]) if plan.streams else (None, arrays)
+        return run_call(closed, plan, arrays, replace(stream, call=call))
 
     def emitting(*arrays: Any) -> list[Any]:
-        outs, saved = collect(*arrays)
-        _emitter(host, 0)(*[jax.lax.stop_gradient(v) for v in saved])
+        call = begin_call(sink) if plan.streams else jnp.int32(-1)
+        outs, saved = run_call(closed, plan, arrays, replace(stream, call=call))
+        values = [jax.lax.stop_gradient(v) for v in saved]
+        emitter(partial(host.deliver, sink, graph_id, plan, plan.top))(call, *values)
         return outs
 
-    return Lowered(graph, graph_id, plan, jax.jit(collect), jax.jit(emitting))
+    return Lowered(graph, graph_id, plan, jax.jit(collect), jax.jit(emitting), plan.streams)
 
 
-def run(
-    jaxpr: Any,
-    consts: Sequence[Any],
-    args: Sequence[Any],
-    key: str,
-    plan: Plan,
-    saved: dict[int, Any],
-) -> list[Any]:
-    """Evaluate ``jaxpr``, putting the values of ``plan``'s slots under ``key`` in ``saved``."""
-    env: dict[Any, Any] = {}
-
-    def read(var: Any) -> Any:
-        return var.val if type(var).__name__ == "Literal" else env[var]
-
-    def record(where: str, values: Sequence[Any]) -> None:
-        for slot, output in plan.at(where):
-            saved[slot] = values[output]
-
-    for i, (var, value) in enumerate(zip(jaxpr.constvars, consts, strict=True)):
-        where = f"{key}/c{i}" if key else f"c{i}"
-        env[var] = value = plan.rewrite(where, [value])[0]
-        record(where, [value])
-    for i, (var, value) in enumerate(zip(jaxpr.invars, args, strict=True)):
-        where = f"{key}/in{i}" if key else f"in{i}"
-        env[var] = value = plan.rewrite(where, [value])[0]
-        record(where, [value])
-    for position, eqn in enumerate(jaxpr.eqns):
-        ekey = f"{key}/{position}" if key else str(position)
-        invals = [read(v) for v in eqn.invars]
-        if plan.inside(ekey):
-            outs = _open(eqn, ekey, invals, plan, saved)
-        else:
-            outs = _compat.bind_equation(eqn, invals)
-        outs = plan.rewrite(ekey, outs)  # interventions and gradient taps of this equation
-        for var, value in zip(eqn.outvars, outs, strict=True):
-            env[var] = value
-        record(ekey, outs)
-    return [read(v) for v in jaxpr.outvars]
+def run_call(
+    closed: Any, plan: Plan, arrays: Sequence[Any], stream: Stream
+) -> tuple[list[Any], list[Any]]:
+    """The outputs of the model and the values of ``plan.top``."""
+    saved: dict[int, Any] = {}
+    outs = run(closed.jaxpr, closed.consts, arrays, "", plan, saved, stream)
+    missing = [plan.slots[i].names or (plan.slots[i].key,) for i in plan.top if i not in saved]
+    if missing:
+        raise TraceError(
+            f"clouseau could not reach the selected points {[m[0] for m in missing]} when "
+            "rerunning the model"
+        )
+    return outs, [saved[i] for i in plan.top]
 
 
-def _open(eqn: Any, key: str, invals: list[Any], plan: Plan, saved: dict[int, Any]) -> list[Any]:
-    prim = eqn.primitive.name
-    params = eqn.params
-    if prim in ("jit", "pjit"):
-        inner = params["jaxpr"]
-        return run(inner.jaxpr, inner.consts, invals, key, plan, saved)
-    if prim in ("remat2", "checkpoint", "remat"):
-        order: list[int] = []
-
-        def body(*args: Any) -> tuple[list[Any], list[Any]]:
-            local: dict[int, Any] = {}
-            outs = run(params["jaxpr"], (), args, key, plan, local)
-            order[:] = sorted(local)
-            return outs, [local[i] for i in order]
-
-        outs, values = jax.checkpoint(
-            body, prevent_cse=params["prevent_cse"], policy=params["policy"]
-        )(*invals)
-        saved.update(zip(order, values, strict=True))
-        return list(outs)
-    if prim == "scan":
-        return _open_scan(params, key, invals, plan, saved)
-    raise TraceError(
-        f"clouseau cannot save a value computed inside {prim}: its body runs a data-dependent "
-        "number of times. Select a point outside it, or write the loop with jax.lax.scan."
-    )
-
-
-def _open_scan(
-    params: dict[str, Any], key: str, invals: list[Any], plan: Plan, saved: dict[int, Any]
-) -> list[Any]:
-    body_jaxpr = params["jaxpr"]
-    n_consts, n_carry = params["num_consts"], params["num_carry"]
-    consts, init, xs = (
-        invals[:n_consts],
-        invals[n_consts : n_consts + n_carry],
-        invals[n_consts + n_carry :],
-    )
-    order: list[int] = []
-
-    def body(carry: list[Any], x: list[Any]) -> tuple[list[Any], tuple[list[Any], list[Any]]]:
-        local: dict[int, Any] = {}
-        outs = run(body_jaxpr.jaxpr, body_jaxpr.consts, [*consts, *carry, *x], key, plan, local)
-        order[:] = sorted(local)
-        return outs[:n_carry], (outs[n_carry:], [local[i] for i in order])
-
-    carry, (ys, values) = jax.lax.scan(
-        body,
-        list(init),
-        list(xs),
-        length=params["length"],
-        reverse=params["reverse"],
-        unroll=params["unroll"],
-    )
-    saved.update(zip(order, values, strict=True))
-    return [*carry, *ys]
-
-
-def _emitter(host: Callable[..., None], nbatch: int) -> Callable[..., Any]:
-    """A function that hands its arguments to ``host(nbatch, *arrays)`` once per call."""
-
-    @jax.custom_batching.custom_vmap
-    def emit(*values: Any) -> tuple[()]:
-        jax.debug.callback(partial(host, nbatch), *values)
-        return ()
-
-    @emit.def_vmap
-    def _batched(
-        axis_size: int, in_batched: list[bool], *values: Any
-    ) -> tuple[tuple[()], tuple[()]]:
-        # One call with the batch axis in front; values that do not vary are broadcast.
-        full = [
-            v if b else jnp.broadcast_to(v, (axis_size, *jnp.shape(v)))
-            for v, b in zip(values, in_batched, strict=True)
-        ]
-        _emitter(host, nbatch + 1)(*full)
-        return (), ()
+def stream_emitter(plan: Plan, sink: Sink, graph_id: int) -> Callable[..., None]:
+    def emit(key: str, call: Any, counters: tuple[Any, ...], values: list[Any]) -> None:
+        ids = tuple(plan.streamed_by(key))
+        put = partial(host.put_stream, sink, graph_id, plan, ids, len(counters))
+        emitter(put)(call, *counters, *[jax.lax.stop_gradient(v) for v in values])
 
     return emit
 
 
-def deliver(
-    sink: Sink,
-    graph_id: int,
-    slots: tuple[Slot, ...],
-    nbatch: int,
-    *arrays: Any,
-    call: int | None = None,
-) -> None:
-    """Hand one call's saved arrays to the sink; scan iterations become separate values.
+def begin_call(sink: Sink) -> Any:
+    """The sink's next call index, numbered on the host when the computation runs."""
+    return io_callback(
+        partial(host.begin, sink), jax.ShapeDtypeStruct((), jnp.int32), ordered=False
+    )
 
-    ``call`` is the index the caller took with ``sink.begin_call()`` before running the
-    model (so that a failing run is recorded); ``None`` begins the call here (callbacks).
+
+def emitter(fn: Callable[..., None], nbatch: int = 0) -> Callable[..., Any]:
+    """Hand ``(call, *arrays)`` to ``fn(nbatch, call, *arrays)`` once per execution.
+
+    Under ``vmap`` the rule re-emits the batched arrays (unbatched ones broadcast), so one
+    host call gets the batch axes in front, ``nbatch`` of them; the call index is never
+    batched (a batched copy of it holds the same number).
     """
-    call = sink.begin_call() if call is None else call
-    try:
-        values: list[SavedValue] = []
-        for slot, array in zip(slots, arrays, strict=True):
-            values.extend(_split_loops(slot, np.asarray(array), nbatch))
-        sink.put(call, graph_id, values)
-    except BaseException as err:
-        sink.fail_call(call, err)
-        raise
-    sink.end_call(call)
 
+    @jax.custom_batching.custom_vmap
+    def emit(call: Any, *values: Any) -> tuple[()]:
+        jax.debug.callback(partial(fn, nbatch), call, *values)
+        return ()
 
-def _split_loops(slot: Slot, array: np.ndarray, nbatch: int) -> list[SavedValue]:
-    # No copies: the arrays come from device_get or a host callback and view immutable
-    # JAX buffers, which nothing can write to while the sink holds them.
-    array = np.asarray(array)
-    if slot.loops == 0:
-        return [SavedValue(slot.names, slot.node, array)]
-    lead = (slice(None),) * nbatch
-    iterations = array.shape[nbatch : nbatch + slot.loops]
-    return [
-        SavedValue(
-            slot.names,
-            slot.node,
-            array[(*lead, *index)],
-            tuple(int(i) for i in index),
-        )
-        for index in np.ndindex(*iterations)
-    ]
+    @emit.def_vmap
+    def _batched(
+        axis_size: int, in_batched: list[bool], call: Any, *values: Any
+    ) -> tuple[tuple[()], tuple[()]]:
+        index = call[0] if in_batched[0] else call
+        full = [
+            v if b else jnp.broadcast_to(v, (axis_size, *jnp.shape(v)))
+            for v, b in zip(values, in_batched[1:], strict=True)
+        ]
+        emitter(fn, nbatch + 1)(index, *full)
+        return (), ()
+
+    return emit

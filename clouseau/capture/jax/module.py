@@ -17,13 +17,14 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import numpy as np
 
 from clouseau.capture._session import CaptureSession
-from clouseau.capture.jax import _compat
+from clouseau.capture.jax import _compat, host
 from clouseau.capture.jax.build import build_graph
 from clouseau.capture.jax.intervene import grad_emitting, intervention_rewrites
 from clouseau.capture.jax.jaxpr_trace import Split, Traced, signature, split, trace_jaxpr
-from clouseau.capture.jax.lower import Lowered, deliver, lower
+from clouseau.capture.jax.lower import Lowered, lower
 from clouseau.ir.actions import Action
 from clouseau.ir.graph import Graph
 from clouseau.ir.interventions import Grads, rewrite
@@ -73,16 +74,7 @@ class Core:
         else:
             # The call is numbered before the model runs, so a run that raises is kept in
             # failed_calls (with why) and the calls keep the order they were made in.
-            call = self.sink.begin_call()
-            try:
-                outs, saved = entry.lowered.collect(*arrays)
-                saved = jax.device_get(saved)
-            except BaseException as err:
-                self.sink.fail_call(call, err)
-                raise
-            deliver(
-                self.sink, entry.lowered.graph_id, entry.lowered.plan.slots, 0, *saved, call=call
-            )
+            outs = self._collect(entry.lowered, arrays)
         traced = entry.traced
         it = iter(outs)
         leaves = [
@@ -90,6 +82,22 @@ class Core:
             for static, is_array in zip(traced.out_static, traced.out_is_array, strict=True)
         ]
         return jax.tree_util.tree_unflatten(traced.out_tree, leaves)
+
+    def _collect(self, lowered: Lowered, arrays: tuple[Any, ...]) -> list[Any]:
+        call = self.sink.begin_call()
+        try:
+            if lowered.streams:
+                outs, saved = lowered.collect(np.int32(call), *arrays)
+                jax.effects_barrier()  # the while loops' host callbacks have all run
+            else:
+                outs, saved = lowered.collect(*arrays)
+            saved = jax.device_get(saved)
+        except BaseException as err:
+            self.sink.fail_call(call, err)
+            raise
+        plan = lowered.plan
+        host.deliver(self.sink, lowered.graph_id, plan, plan.top, 0, call, *saved)
+        return outs
 
     def entry(
         self, parts: Split, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
