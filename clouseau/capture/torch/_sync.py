@@ -23,7 +23,10 @@ class TraceLock:
     """Many runners, or one tracer; re-entrant per thread."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        # The condition's own lock, held directly on the run path: entering a run is then
+        # one C-level acquire, not Condition.__enter__ (a run takes it twice a call).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._writer: int | None = None
         self._depth = 0
         self._readers = 0
@@ -33,30 +36,47 @@ class TraceLock:
     def _mine(self) -> int:
         return int(getattr(self._local, "readers", 0))
 
-    @contextmanager
-    def shared(self) -> Iterator[None]:
-        if torch.compiler.is_compiling():  # dynamo cannot trace a lock (and runs no fx)
-            yield
-            return
-        me = threading.get_ident()
-        with self._cond:
-            if self._writer != me and not self._mine():
+    def enter_shared(self) -> bool:
+        """Start a run (waits while a trace runs or waits); False under torch.compile.
+
+        Returns whether :meth:`exit_shared` must be called. The explicit pair, rather than
+        :meth:`shared`, keeps a generator and two context managers off every call.
+        """
+        if _is_compiling():  # dynamo cannot trace a lock (and runs no fx)
+            return False
+        local = self._local
+        with self._lock:
+            mine = getattr(local, "readers", 0)
+            busy = self._writer is not None or self._waiting
+            # get_ident only when busy: a thread in a run or in its own trace goes on.
+            if busy and not mine and self._writer != threading.get_ident():
                 while self._writer is not None or self._waiting:
                     self._cond.wait()
             self._readers += 1
-            self._local.readers = self._mine() + 1
+            local.readers = mine + 1
+        return True
+
+    def exit_shared(self) -> None:
+        """End a run started by :meth:`enter_shared` (when it returned True)."""
+        local = self._local
+        with self._lock:
+            self._readers -= 1
+            local.readers -= 1
+            if self._waiting:  # only a waiting tracer can be waiting for runs to end
+                self._cond.notify_all()
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        entered = self.enter_shared()
         try:
             yield
         finally:
-            with self._cond:
-                self._readers -= 1
-                self._local.readers = self._mine() - 1
-                if self._waiting:  # only a waiting tracer can be waiting for runs to end
-                    self._cond.notify_all()
+            if entered:
+                self.exit_shared()
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             yield
             return
         me = threading.get_ident()
@@ -96,4 +116,5 @@ class TraceLock:
                         self._local.readers = suspended
 
 
+_is_compiling = torch.compiler.is_compiling
 TRACE_LOCK = TraceLock()

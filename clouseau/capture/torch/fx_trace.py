@@ -19,6 +19,7 @@ from clouseau.capture.torch.naming import (
     target_name,
 )
 from clouseau.capture.torch.traced import (
+    InputPicker,
     NodeInfo,
     Traced,
     bind,
@@ -182,13 +183,9 @@ def trace_fx(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
         gm=gm,
         frontend=Frontend.TORCH_FX,
         infos=infos,
-        to_inputs=lambda a, kw: _select(bind(model, a, kw, signature), names),
+        to_inputs=InputPicker(signature, names),
         from_outputs=lambda out: out,
     )
-
-
-def _select(arguments: dict[str, Any], names: tuple[str, ...]) -> tuple[Any, ...]:
-    return tuple(arguments[n] for n in names)
 
 
 def _resolve(model: torch.nn.Module, target: str) -> Any:
