@@ -280,12 +280,9 @@ def test_equinox_multihead_attention() -> None:
     )
 
 
-@pytest.mark.xfail(
-    reason="JAX frontend: a submodule that the model itself calls under jax.vmap (the "
-    "projections of MultiheadAttention) is saved with the batch axis where XLA's batching "
-    "put it (last), not where eager jax.vmap returns it (first)"
-)
 def test_equinox_multihead_attention_projections_equal_eager() -> None:
+    # MultiheadAttention calls its projections under its own jax.vmap: each is saved batch
+    # axis first, as the eager jax.vmap of the projection returns it.
     mha, q, kv = _attention()
     with inspector.tail(mha, path="run", filter_=lambda p, n: "proj" in p[-1]) as fmodel:
         fmodel(q, kv, kv)

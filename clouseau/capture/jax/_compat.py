@@ -73,3 +73,27 @@ def is_library_file(path: str) -> bool:
 
 def is_tracer(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
+
+
+def is_batch_tracer(x: Any) -> bool:
+    """True when ``x`` is a value being batched by a ``jax.vmap`` (mapped or not)."""
+    from jax._src.interpreters import batching
+
+    return isinstance(x, batching.BatchTracer)
+
+
+def batch_axes(x: Any) -> dict[int, int]:
+    """The axis of ``x`` that each ``jax.vmap`` batching it maps, keyed by that vmap's trace."""
+    axes: dict[int, int] = {}
+    while is_batch_tracer(x):
+        if x.batch_dim is not None:  # an unmapped BatchTracer: this vmap does not batch x
+            axes[id(x._trace)] = x.batch_dim
+        x = x.val
+    return axes
+
+
+def base_trace(x: Any) -> Any:
+    """The trace that ``x`` belongs to under the vmaps batching it (None: not a tracer)."""
+    while is_batch_tracer(x):
+        x = x.val
+    return x._trace if isinstance(x, jax.core.Tracer) else None
