@@ -8,7 +8,8 @@ values of some slot ids of a :class:`~clouseau.capture.jax.lower.Plan`, in order
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,6 +18,24 @@ from clouseau.ir.sink import SavedValue, Sink
 
 if TYPE_CHECKING:
     from clouseau.capture.jax.lower import Plan, Slot
+
+
+# Where each value of a callback is in its packed arguments: (argument, offset, shape).
+Layout = tuple[tuple[int, int, tuple[int, ...]], ...]
+
+
+def cut(layout: Layout, packed: Sequence[Any]) -> list[np.ndarray]:
+    """The values packed by :func:`~clouseau.capture.jax.lower.pack`, as views."""
+    flat = [np.asarray(p) for p in packed]
+    return [
+        flat[arg][offset : offset + math.prod(shape)].reshape(shape)
+        for arg, offset, shape in layout
+    ]
+
+
+def unpack(fn: Callable[..., None], nbatch: int, layout: Layout, call: Any, *packed: Any) -> None:
+    """Call ``fn(nbatch, call, *values)`` with the values cut out of the packed arrays."""
+    fn(nbatch, call, *cut(layout, packed))
 
 
 def begin(sink: Sink) -> np.ndarray:

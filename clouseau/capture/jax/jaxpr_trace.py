@@ -94,7 +94,7 @@ def signature(parts: Split) -> tuple[Any, ...]:
     key: list[Any] = [parts.treedef]
     for leaf, is_array in zip(parts.leaves, parts.is_array, strict=True):
         if is_array:
-            key.append((tuple(np.shape(leaf)), str(jax.numpy.result_type(leaf))))
+            key.append((tuple(leaf.shape), leaf.dtype))  # called per call: kept cheap
         else:
             try:
                 hash(leaf)

@@ -21,6 +21,7 @@ branch ran) and the trip count of a ``while`` (the call's last delivery waits on
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property, partial
@@ -152,8 +153,8 @@ class Lowered:
     """The runnable forms of one instrumented graph (one input signature).
 
     ``collect(*arrays)`` (``collect(call, *arrays)`` where ``streams``: the call index
-    numbers the values a while loop streams) returns ``(outputs, saved)`` with one saved
-    value per id of ``plan.top``.
+    numbers the values a while loop streams) returns ``(outputs, packed)``;
+    ``unpack(device_get(packed))`` gives one saved value per id of ``plan.top``.
     """
 
     graph: Graph
@@ -161,6 +162,7 @@ class Lowered:
     plan: Plan
     collect: Callable[..., Any]
     emitting: Callable[..., Any]
+    unpack: Callable[[Sequence[Any]], list[Any]]  # the saved values of collect's packed ones
     streams: bool = False
 
 
@@ -254,9 +256,17 @@ def lower(
     closed = traced.jaxpr
     stream = Stream(emit=stream_emitter(plan, sink, graph_id))
 
+    layouts: list[host.Layout] = []  # set when collect is traced
+
     def collect(*arrays: Any) -> tuple[list[Any], list[Any]]:
         call, arrays = (arrays[0], arrays[1:]) if plan.streams else (None, arrays)
-        return run_call(closed, plan, arrays, replace(stream, call=call))
+        outs, saved = run_call(closed, plan, arrays, replace(stream, call=call))
+        layout, packed = pack(saved)
+        layouts[:] = [layout]
+        return outs, packed
+
+    def unpack(packed: Sequence[Any]) -> list[Any]:
+        return host.cut(layouts[0], packed)
 
     def emitting(*arrays: Any) -> list[Any]:
         call = begin_call(sink) if plan.streams else jnp.int32(-1)
@@ -265,7 +275,7 @@ def lower(
         emitter(partial(host.deliver, sink, graph_id, plan, plan.top))(call, *values)
         return outs
 
-    return Lowered(graph, graph_id, plan, jax.jit(collect), jax.jit(emitting), plan.streams)
+    return Lowered(graph, graph_id, plan, jax.jit(collect), jax.jit(emitting), unpack, plan.streams)
 
 
 def run_call(
@@ -309,7 +319,8 @@ def emitter(fn: Callable[..., None], nbatch: int = 0) -> Callable[..., Any]:
 
     @jax.custom_batching.custom_vmap
     def emit(call: Any, *values: Any) -> tuple[()]:
-        jax.debug.callback(partial(fn, nbatch), call, *values)
+        layout, packed = pack(values)
+        jax.debug.callback(partial(host.unpack, fn, nbatch, layout), call, *packed)
         return ()
 
     @emit.def_vmap
@@ -325,3 +336,31 @@ def emitter(fn: Callable[..., None], nbatch: int = 0) -> Callable[..., Any]:
         return (), ()
 
     return emit
+
+
+PACKED_BYTES = 1 << 18  # values up to 256 KiB travel packed; larger ones on their own
+
+
+def pack(values: Sequence[Any]) -> tuple[host.Layout, list[Any]]:
+    """Small values raveled into one array per dtype, and where each value is.
+
+    Moving an array to the host (``device_get``, a callback argument) has a fixed cost
+    per array that dominates for many small values: packed, they pay it once. A large
+    value travels alone, so that packing never copies much.
+    """
+    by_dtype: dict[str, int] = {}
+    args: list[list[Any]] = []
+    layout = []
+    for value in values:
+        shape, dtype = jnp.shape(value), jnp.result_type(value)
+        small = math.prod(shape) * dtype.itemsize <= PACKED_BYTES
+        arg = by_dtype.get(str(dtype), -1) if small else -1
+        if arg < 0:
+            arg = len(args)
+            args.append([])
+            if small:
+                by_dtype[str(dtype)] = arg
+        layout.append((arg, sum(math.prod(jnp.shape(v)) for v in args[arg]), shape))
+        args[arg].append(value)
+    packed = [jnp.concatenate([jnp.ravel(v) for v in group]) for group in args]
+    return tuple(layout), packed

@@ -91,7 +91,7 @@ class Core:
                 jax.effects_barrier()  # the while loops' host callbacks have all run
             else:
                 outs, saved = lowered.collect(*arrays)
-            saved = jax.device_get(saved)
+            saved = lowered.unpack(jax.device_get(saved))
         except BaseException as err:
             self.sink.fail_call(call, err)
             raise
