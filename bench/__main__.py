@@ -132,8 +132,15 @@ def run_comparison(name: str, cfg: Config, timeout: float) -> Report:
         started = time.perf_counter()
         try:
             # stderr passes through: the worker's progress lines and any traceback show live.
+            # The thread caps (--threads) must be in the environment before torch or jax
+            # is imported, so the worker gets them from its parent.
             proc = subprocess.run(
-                cmd, stdout=subprocess.PIPE, text=True, timeout=timeout, cwd=_repo_root()
+                cmd,
+                stdout=subprocess.PIPE,
+                text=True,
+                timeout=timeout,
+                cwd=_repo_root(),
+                env={**os.environ, **cfg.thread_env()},
             )
         except subprocess.TimeoutExpired:
             return Report(
