@@ -74,12 +74,36 @@ def scaling_points(cfg: Config) -> Report:
                     lambda s=select, k=k: _disk_variant(case.model, case.inputs, s, d / f"k{k}"),
                 )
             )
+            variants.append(_floor_variant(case.model, case.inputs, k, d / f"floor{k}"))
         report.results = run_variants(variants, cfg)
     xs = [float(k) for k in counts]
     _scaling_tables(
         report, "k (points)", xs, [f"k={k}" for k in counts], [k * mib_each for k in counts]
     )
+    # The machine's own curve: writing k times 2 MiB need not be linear in k (page cache,
+    # dirty-page write-back), and no capture can be straighter than the bytes it writes.
+    floors = [report.result(f"floor k={k}") for k in counts]
+    floor_times = [r.median if r is not None and r.ok else math.nan for r in floors]
+    report.tables[-1].note += (
+        f" The floor (forward + save_file of k tensors of the same size) has a marginal-cost "
+        f"ratio of {slope_ratio(xs, floor_times):.2f}x on this run."
+    )
     return report
+
+
+def _floor_variant(
+    model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], k: int, path: Path
+) -> Variant:
+    from safetensors.torch import save_file
+
+    tensors = {f"relu_{i}": model(*inputs).clone() for i in range(k)}
+
+    def step() -> None:
+        model(*inputs)
+        if tensors:
+            save_file(tensors, str(path))
+
+    return Variant(f"floor k={k}", step=step)
 
 
 def scaling_depth(cfg: Config) -> Report:
