@@ -15,26 +15,10 @@ jnp = jax.numpy
 
 import clouseau  # noqa: E402
 from clouseau import inspector  # noqa: E402
+from tests.jax.models import numpy_init as build  # noqa: E402
 
 Filter = Callable[[tuple[str, ...], Any], bool]
 KEY = jax.random.PRNGKey(0)
-
-
-def build(cls: Callable[..., Any], *args: Any, seed: int = 0, **kwargs: Any) -> Any:
-    """``cls(*args, **kwargs)`` with its weights drawn by numpy.
-
-    Equinox draws initial weights with jax.random op by op, and every draw of every new
-    shape compiles: seconds per model. Only the shapes are traced here, then filled in.
-    """
-    rng = np.random.default_rng(seed)
-    shapes = eqx.filter_eval_shape(cls, *args, **kwargs)
-
-    def fill(leaf: Any) -> Any:
-        if isinstance(leaf, jax.ShapeDtypeStruct):
-            return jnp.asarray(rng.uniform(-0.6, 0.6, leaf.shape).astype(leaf.dtype))
-        return leaf
-
-    return jax.tree_util.tree_map(fill, shapes)
 
 
 class Block(eqx.Module):

@@ -15,6 +15,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -245,3 +246,20 @@ def cases() -> tuple[Case, ...]:
             loops=frozenset({"scan.add", "scan.tanh"}),
         ),
     )  # fmt: skip
+
+
+def numpy_init(cls: Callable[..., Any], *args: Any, seed: int = 0, **kwargs: Any) -> Any:
+    """``cls(*args, **kwargs)`` with its weights drawn by numpy.
+
+    Equinox draws initial weights with jax.random op by op, and every draw of every new
+    shape compiles: seconds per model. Only the shapes are traced here, then filled in.
+    """
+    rng = np.random.default_rng(seed)
+    shapes = eqx.filter_eval_shape(cls, *args, **kwargs)
+
+    def fill(leaf: Any) -> Any:
+        if isinstance(leaf, jax.ShapeDtypeStruct):
+            return jnp.asarray(rng.uniform(-0.6, 0.6, leaf.shape).astype(leaf.dtype))
+        return leaf
+
+    return jax.tree_util.tree_map(fill, shapes)

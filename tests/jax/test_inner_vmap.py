@@ -22,23 +22,11 @@ import pytest
 
 import clouseau
 from clouseau.capture.jax.jaxpr_trace import trace_jaxpr
+from tests.jax.models import numpy_init as filled
 
 RTOL, ATOL = 1e-5, 1e-5
 KEY = jax.random.PRNGKey(0)
 PROJECTIONS = ("query_proj", "key_proj", "value_proj", "output_proj")
-
-
-def filled(cls: Callable[..., Any], *args: Any, seed: int = 0, **kwargs: Any) -> Any:
-    """``cls(*args, **kwargs)`` with weights drawn by numpy (no per-shape jax.random compile)."""
-    rng = np.random.default_rng(seed)
-    shapes = eqx.filter_eval_shape(cls, *args, **kwargs)
-
-    def fill(leaf: Any) -> Any:
-        if isinstance(leaf, jax.ShapeDtypeStruct):
-            return jnp.asarray(rng.uniform(-0.6, 0.6, leaf.shape).astype(leaf.dtype))
-        return leaf
-
-    return jax.tree_util.tree_map(fill, shapes)
 
 
 def primitives(jaxpr: Any) -> set[str]:
