@@ -38,9 +38,27 @@ class _Entry:
     lowered: Lowered
 
 
-@eqx.filter_jit
-def _plain_jit(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return model(*args, **kwargs)
+@dataclass(frozen=True)
+class _Plain:
+    """The model of one input signature under ``jax.jit``, on its array leaves."""
+
+    run: Any
+    out: dict[str, Split]  # the output's split, set when ``run`` is traced
+
+    @staticmethod
+    def of(parts: Split) -> _Plain:
+        out: dict[str, Split] = {}
+
+        def flat(*arrays: Any) -> tuple[Any, ...]:
+            model, args, kwargs = parts.merge(arrays)
+            out["out"] = split(model(*args, **kwargs))
+            return out["out"].arrays
+
+        return _Plain(jax.jit(flat), out)
+
+    def __call__(self, arrays: tuple[Any, ...]) -> Any:
+        results = self.run(*arrays)
+        return self.out["out"].merge(results)
 
 
 class Core:
@@ -59,14 +77,15 @@ class Core:
         self.grads = grads
         self._lock = threading.Lock()
         self._entries: dict[tuple[Any, ...], _Entry] = {}
+        self._plains: dict[tuple[Any, ...], _Plain] = {}
 
     def call(self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        parts = split((model, args, kwargs))
         if self._untouched:
-            if any(map(_compat.is_tracer, jax.tree_util.tree_leaves((model, args, kwargs)))):
+            if any(map(_compat.is_tracer, parts.arrays)):
                 return model(*args, **kwargs)  # already inside the user's transformation
             # Called directly: compiled, as the saving path is, not op by op.
-            return _plain_jit(model, args, kwargs)
-        parts = split((model, args, kwargs))
+            return self._plain(parts)(parts.arrays)
         entry = self.entry(parts, model, args, kwargs)
         arrays = parts.arrays
         if any(_compat.is_tracer(a) for a in arrays):
@@ -98,6 +117,14 @@ class Core:
         plan = lowered.plan
         host.deliver(self.sink, lowered.graph_id, plan, plan.top, 0, call, *saved)
         return outs
+
+    def _plain(self, parts: Split) -> _Plain:
+        key = signature(parts)
+        found = self._plains.get(key)
+        if found is None:
+            with self._lock:
+                found = self._plains.setdefault(key, _Plain.of(parts))
+        return found
 
     def entry(
         self, parts: Split, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
