@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -89,24 +89,29 @@ def run(
     return [read(v) for v in jaxpr.outvars]
 
 
+class _Opening(NamedTuple):
+    """An equation being opened: its key, its inputs, and where its saves go."""
+
+    key: str
+    invals: list[Any]
+    plan: Plan
+    saved: dict[int, Any]
+    stream: Stream
+
+
 def _open(
     eqn: Any, key: str, invals: list[Any], plan: Plan, saved: dict[int, Any], stream: Stream
 ) -> list[Any]:
     prim = eqn.primitive.name
-    params = eqn.params
+    at = _Opening(key, invals, plan, saved, stream)
     if prim in ("jit", "pjit"):
-        inner = params["jaxpr"]
+        inner = eqn.params["jaxpr"]
         return run(inner.jaxpr, inner.consts, invals, key, plan, saved, stream)
-    if prim in ("remat2", "checkpoint", "remat"):
-        return _open_remat(params, key, invals, plan, saved, stream)
-    if prim == "scan":
-        return _open_scan(params, key, invals, plan, saved, stream)
-    if prim == "cond":
-        return _open_cond(params, key, invals, plan, saved, stream)
-    if prim == "while":
-        return _open_while(params, key, invals, plan, saved, stream)
+    opener = _OPENERS.get(prim)
+    if opener is not None:
+        return opener(eqn.params, at)
     if prim in CUSTOM:
-        return _open_custom(eqn, key, invals, plan, saved, stream)
+        return _open_custom(eqn, at)
     raise TraceError(f"clouseau cannot save a value computed inside {prim} (at equation {key})")
 
 
@@ -127,14 +132,8 @@ def _collecting(
     return body
 
 
-def _open_remat(
-    params: dict[str, Any],
-    key: str,
-    invals: list[Any],
-    plan: Plan,
-    saved: dict[int, Any],
-    stream: Stream,
-) -> list[Any]:
+def _open_remat(params: dict[str, Any], at: _Opening) -> list[Any]:
+    key, invals, plan, saved, stream = at
     ids: list[int] = []
     body = _collecting(params["jaxpr"], (), key, plan, stream, ids)
     outs, values = jax.checkpoint(body, prevent_cse=params["prevent_cse"], policy=params["policy"])(
@@ -144,14 +143,8 @@ def _open_remat(
     return list(outs)
 
 
-def _open_scan(
-    params: dict[str, Any],
-    key: str,
-    invals: list[Any],
-    plan: Plan,
-    saved: dict[int, Any],
-    stream: Stream,
-) -> list[Any]:
+def _open_scan(params: dict[str, Any], at: _Opening) -> list[Any]:
+    key, invals, plan, saved, stream = at
     closed = params["jaxpr"]
     n_consts, n_carry = params["num_consts"], params["num_carry"]
     consts, init = invals[:n_consts], invals[n_consts : n_consts + n_carry]
@@ -179,14 +172,8 @@ def _open_scan(
     return [*carry, *ys]
 
 
-def _open_cond(
-    params: dict[str, Any],
-    key: str,
-    invals: list[Any],
-    plan: Plan,
-    saved: dict[int, Any],
-    stream: Stream,
-) -> list[Any]:
+def _open_cond(params: dict[str, Any], at: _Opening) -> list[Any]:
+    key, invals, plan, saved, stream = at
     index, operands = invals[0], invals[1:]
     ids = plan.collected_inside(key)  # the same outputs from every branch
 
@@ -219,14 +206,8 @@ def _open_cond(
     return list(outs)
 
 
-def _open_while(
-    params: dict[str, Any],
-    key: str,
-    invals: list[Any],
-    plan: Plan,
-    saved: dict[int, Any],
-    stream: Stream,
-) -> list[Any]:
+def _open_while(params: dict[str, Any], at: _Opening) -> list[Any]:
+    key, invals, plan, saved, stream = at
     n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
     cond_consts, body_consts = invals[:n_cond], invals[n_cond : n_cond + n_body]
     cond, body = params["cond_jaxpr"], params["body_jaxpr"]
@@ -254,9 +235,8 @@ def _open_while(
     return list(outs)
 
 
-def _open_custom(
-    eqn: Any, key: str, invals: list[Any], plan: Plan, saved: dict[int, Any], stream: Stream
-) -> list[Any]:
+def _open_custom(eqn: Any, at: _Opening) -> list[Any]:
+    key, invals, plan, saved, stream = at
     closed = eqn.params["call_jaxpr"]
     if plan.rewrites_inside(key):
         # An intervention inside changes the function: its custom rule no longer applies.
@@ -264,3 +244,13 @@ def _open_custom(
     primal = [jax.lax.stop_gradient(x) for x in invals]
     run(closed.jaxpr, closed.consts, primal, key, plan, saved, stream)
     return _compat.bind_equation(eqn, invals)
+
+
+_OPENERS: dict[str, Callable[[dict[str, Any], _Opening], list[Any]]] = {
+    "remat2": _open_remat,
+    "checkpoint": _open_remat,
+    "remat": _open_remat,
+    "scan": _open_scan,
+    "cond": _open_cond,
+    "while": _open_while,
+}
