@@ -60,9 +60,7 @@ class Traced:
     in_is_param: tuple[bool, ...]
     modules: tuple[ModuleEntry, ...]  # the i of a module marker indexes this
     root_type: str
-    out_tree: Any
-    out_static: tuple[Any, ...]  # output leaves; None where the leaf is an array output
-    out_is_array: tuple[bool, ...]
+    out: Split  # the output's structure and static leaves (array leaves dropped)
     name: str
 
 
@@ -77,6 +75,11 @@ class Split:
     @property
     def arrays(self) -> tuple[Any, ...]:
         return tuple(x for x, a in zip(self.leaves, self.is_array, strict=True) if a)
+
+    def static(self) -> Split:
+        """The same split without its array leaves (no tracer outlives its trace)."""
+        leaves = tuple(None if a else x for x, a in zip(self.leaves, self.is_array, strict=True))
+        return Split(self.treedef, leaves, self.is_array)
 
     def merge(self, arrays: Any) -> Any:
         it = iter(arrays)
@@ -149,11 +152,7 @@ def trace_jaxpr(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tr
         in_is_param=in_is_param,
         modules=tuple(modules),
         root_type=type(model).__name__,
-        out_tree=out_parts.treedef,
-        out_static=tuple(
-            None if a else x for x, a in zip(out_parts.leaves, out_parts.is_array, strict=True)
-        ),
-        out_is_array=out_parts.is_array,
+        out=out_parts.static(),
         name=getattr(model, "__name__", type(model).__name__),
     )
 

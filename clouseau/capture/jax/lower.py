@@ -127,13 +127,14 @@ class Plan:
     def streamed_by(self, key: str) -> list[int]:
         return [i for i, s in enumerate(self.slots) if s.stream == key]
 
-    @property
+    @cached_property
     def top(self) -> tuple[int, ...]:
         """Slot ids delivered at the end of the call."""
         return tuple(i for i, s in enumerate(self.slots) if not s.stream)
 
-    @property
+    @cached_property
     def streams(self) -> bool:
+        """A while loop streams values: ``collect`` takes the call index first."""
         return any(s.stream for s in self.slots)
 
     def rewrite(self, key: str, values: Sequence[Any]) -> list[Any]:
@@ -152,8 +153,8 @@ class Plan:
 class Lowered:
     """The runnable forms of one instrumented graph (one input signature).
 
-    ``collect(*arrays)`` (``collect(call, *arrays)`` where ``streams``: the call index
-    numbers the values a while loop streams) returns ``(outputs, packed)``;
+    ``collect(*arrays)`` (``collect(call, *arrays)`` where ``plan.streams``: the call
+    index numbers the values a while loop streams) returns ``(outputs, packed)``;
     ``unpack(device_get(packed))`` gives one saved value per id of ``plan.top``.
     """
 
@@ -163,11 +164,10 @@ class Lowered:
     collect: Callable[..., Any]
     emitting: Callable[..., Any]
     unpack: Callable[[Sequence[Any]], list[Any]]  # the saved values of collect's packed ones
-    streams: bool = False
 
 
 def make_plan(graph: Graph, rewrites: Sequence[Rewrite] = ()) -> Plan:
-    """The slots of the save nodes of ``graph``, in graph order, then the hidden ones.
+    """The slots of the save nodes of ``graph`` in graph order, each hidden one first needed.
 
     A save of an intervened value sits at the producer's key: the rewrite runs first.
     """
@@ -184,23 +184,12 @@ class _Placer:
         self.hidden: dict[str, int] = {}
 
     def plan(self, rewrites: tuple[Rewrite, ...]) -> Plan:
-        saves = []
         for save in self.graph.saves:
             ref = producer_of(self.graph, save.inputs[0])
             node = self.graph.node(ref.node)
             names = tuple(str(n) for n in save.attr("names"))  # type: ignore[union-attr]
-            saves.append((names, node.name, node.key, ref.index))
-        for names, node, key, output in saves:
-            self.slots.append(self.slot(names, node, key, output))
-        # Hidden slots are made while placing and go after the saves.
-        hidden = [s for s in self.slots if not s.names]
-        visible = [s for s in self.slots if s.names]
-        order = {id(s): i for i, s in enumerate([*visible, *hidden])}
-        old = {i: order[id(s)] for i, s in enumerate(self.slots)}
-        ordered = [
-            replace(s, guards=tuple((old[g], b) for g, b in s.guards)) for s in (*visible, *hidden)
-        ]
-        return Plan(tuple(ordered), rewrites)
+            self.slots.append(self.slot(names, node.name, node.key, ref.index))
+        return Plan(tuple(self.slots), rewrites)
 
     def slot(
         self, names: tuple[str, ...], node: str, key: str, output: int, where: str = ""
@@ -275,7 +264,7 @@ def lower(
         emitter(partial(host.deliver, sink, graph_id, plan, plan.top))(call, *values)
         return outs
 
-    return Lowered(graph, graph_id, plan, jax.jit(collect), jax.jit(emitting), unpack, plan.streams)
+    return Lowered(graph, graph_id, plan, jax.jit(collect), jax.jit(emitting), unpack)
 
 
 def run_call(

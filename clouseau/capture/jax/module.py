@@ -51,8 +51,9 @@ class _Plain:
 
         def flat(*arrays: Any) -> tuple[Any, ...]:
             model, args, kwargs = parts.merge(arrays)
-            out["out"] = split(model(*args, **kwargs))
-            return out["out"].arrays
+            parts_out = split(model(*args, **kwargs))
+            out["out"] = parts_out.static()
+            return parts_out.arrays
 
         return _Plain(jax.jit(flat), out)
 
@@ -94,18 +95,12 @@ class Core:
             # The call is numbered before the model runs, so a run that raises is kept in
             # failed_calls (with why) and the calls keep the order they were made in.
             outs = self._collect(entry.lowered, arrays)
-        traced = entry.traced
-        it = iter(outs)
-        leaves = [
-            next(it) if is_array else static
-            for static, is_array in zip(traced.out_static, traced.out_is_array, strict=True)
-        ]
-        return jax.tree_util.tree_unflatten(traced.out_tree, leaves)
+        return entry.traced.out.merge(outs)
 
     def _collect(self, lowered: Lowered, arrays: tuple[Any, ...]) -> list[Any]:
         call = self.sink.begin_call()
         try:
-            if lowered.streams:
+            if lowered.plan.streams:
                 outs, saved = lowered.collect(np.int32(call), *arrays)
                 jax.effects_barrier()  # the while loops' host callbacks have all run
             else:
