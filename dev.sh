@@ -23,6 +23,20 @@ setup_dot() {
   fi
 }
 
+# Debian's Chromium, for the explorer's browser tests (driven by Playwright through
+# executable_path; Playwright's own browser download cannot work offline).
+setup_chromium() {
+  command -v chromium >/dev/null 2>&1 && return 0
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "==> installing chromium with apt-get (browser tests)"
+    local sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null ||
+      echo "warning: chromium did not install; the browser tests will be skipped" >&2
+  else
+    echo "warning: chromium is missing; the browser tests will be skipped" >&2
+  fi
+}
+
 setup_venv() {
   local stamp="$VENV/.clouseau-installed"
   if [ ! -x "$VENV/bin/python" ]; then
@@ -45,7 +59,7 @@ shift || true
 case "$cmd" in
   setup) setup ;;
   demo) setup; "$VENV/bin/python" examples/quickstart_torch.py "$@" ;;
-  test) setup; "$VENV/bin/python" -m pytest -q "$@" ;;
+  test) setup; setup_chromium; "$VENV/bin/python" -m pytest -q "$@" ;;
   bench)
     setup
     # TorchLens, for the comparison against it (optional: skipped when it cannot install).
