@@ -27,6 +27,7 @@ from clouseau.capture.jax.jaxpr_trace import FN_MARK, MODULE_MARK, Traced
 from clouseau.capture.jax.naming import Namer, clean, join
 from clouseau.capture.jax.rerun import CUSTOM
 from clouseau.ir.graph import (
+    VARIES,
     DType,
     Frontend,
     Graph,
@@ -40,6 +41,9 @@ from clouseau.ir.graph import (
     TensorSpec,
 )
 from clouseau.ir.verify import verify
+
+# Loop carries, slices and results change between iterations: points whatever their inputs.
+_VARIES = ((VARIES, True),)
 
 FLATTENED = frozenset({"jit", "pjit", "scan", "remat2", "checkpoint", "remat"})
 
@@ -265,7 +269,7 @@ class _Builder:
             inner_refs.append(self._body_input(base, op, inputs[i], var, sub, f"{key}/in{i}"))
         self._sub(body.jaxpr, body.consts, inner_refs, key, sub)
         attrs = (("length", int(params["length"])), ("reverse", bool(params["reverse"])))
-        return self._control(name, "scan", eqn, key, inputs, scope, attrs)
+        return self._control(name, "scan", eqn, key, inputs, scope, (*attrs, *_VARIES))
 
     def _cond(self, eqn: Any, key: str, inputs: list[Ref | None], scope: Scope) -> list[Ref | None]:
         branches = eqn.params["branches"]
@@ -290,13 +294,14 @@ class _Builder:
                 self._body_input("carry", "while_carry", outer, var, sub, f"{key}/body/in{i}")
             )
         self._sub(body.jaxpr, body.consts, inner_refs, f"{key}/body", sub)
-        return self._control(name, "while", eqn, key, inputs, scope, ())
+        return self._control(name, "while", eqn, key, inputs, scope, _VARIES)
 
     def _body_input(
         self, base: str, op: str, outer: Ref | None, var: Any, scope: Scope, key: str
     ) -> Ref:
         """A value entering a loop body each iteration (a carry or a slice)."""
-        return self.add(base, NodeKind.OP, op, (outer,) if outer else (), (var,), scope, key)
+        inputs = (outer,) if outer else ()
+        return self.add(base, NodeKind.OP, op, inputs, (var,), scope, key, attrs=_VARIES)
 
     def _control(
         self,

@@ -176,12 +176,13 @@ _DTYPES = {
     torch.float16: DType.FLOAT16, torch.bfloat16: DType.BFLOAT16, torch.float32: DType.FLOAT32,
     torch.float64: DType.FLOAT64, torch.complex64: DType.COMPLEX64,
     torch.complex128: DType.COMPLEX128, torch.uint16: DType.UINT16, torch.uint32: DType.UINT32,
-    torch.uint64: DType.UINT64,
+    torch.uint64: DType.UINT64, torch.float8_e4m3fn: DType.FLOAT8_E4M3FN,
+    torch.float8_e5m2: DType.FLOAT8_E5M2,
 }  # fmt: skip
 
 
 def spec_of(value: Any) -> Spec:
-    """The IR spec of a runtime value; tensors of dtypes the IR lacks (fp8) are opaque."""
+    """The IR spec of a runtime value; tensors of dtypes the IR lacks are opaque."""
     if isinstance(value, torch.Tensor):
         dtype = _DTYPES.get(value.dtype)
         if dtype is not None and not value.is_sparse and not value.is_quantized:
