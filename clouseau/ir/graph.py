@@ -114,7 +114,8 @@ class NodeKind(enum.Enum):
 
 
 #: A node attribute: the node's value changes between iterations of a loop (a loop carry,
-#: a slice, a loop's results) even when it is computed from constants alone.
+#: a slice, a loop's results) or between calls (state the model assigns: a BatchNorm
+#: statistic, an RNG counter), so what is computed from it is an activation.
 VARIES = "varies"
 
 # Nodes that rewrite passes add: none of them is a point a user can select.
@@ -272,14 +273,15 @@ class Graph:
         Parameters, buffers and literals (CONSTANT nodes), and values computed from them
         alone (a transposed weight, a mask built from constants), are not points: they are
         the model's state, not its activations, and would be written again on every call.
-        A node marked :data:`VARIES` (a loop carry) and what is computed from it are points
-        whatever its inputs: it changes between iterations.
+        An op marked :data:`VARIES` (a loop carry) and what is computed from it, or from a
+        constant marked :data:`VARIES` (state the call assigns), are points whatever their
+        inputs: they change between iterations or calls.
         """
         found: list[Point] = []
         for node in self.nodes:
             if node.kind in INSTRUMENTATION or node.kind is NodeKind.OUTPUT:
                 continue
-            if node.name in self._static:
+            if node.kind is NodeKind.CONSTANT or node.name in self._static:
                 continue
             for i, spec in enumerate(node.outputs):
                 if isinstance(spec, TensorSpec):
@@ -294,10 +296,10 @@ class Graph:
         """Nodes that depend on no input: constants and what is computed from them only."""
         static: set[str] = set()
         for node in self.nodes:
+            if node.attr(VARIES, False):
+                continue
             if node.kind is NodeKind.CONSTANT or (
-                node.kind is NodeKind.OP
-                and not node.attr(VARIES, False)
-                and all(r.node in static for r in node.inputs)
+                node.kind is NodeKind.OP and all(r.node in static for r in node.inputs)
             ):
                 static.add(node.name)
         return frozenset(static)

@@ -42,6 +42,9 @@ from clouseau.ir.graph import (
 )
 from clouseau.ir.verify import verify
 
+# jax.nn activations that JAX inlines to one primitive, named as the function.
+_ACTIVATION_PRIMITIVES = {"logistic": "sigmoid"}
+
 # Loop carries, slices and results change between iterations: points whatever their inputs.
 _VARIES = ((VARIES, True),)
 
@@ -66,7 +69,10 @@ def build_graph(traced: Traced) -> Graph:
         zip(closed.jaxpr.invars, traced.in_names, traced.in_is_param, strict=True)
     ):
         kind, op = (NodeKind.CONSTANT, "param") if is_param else (NodeKind.INPUT, "input")
-        in_refs.append(builder.add(name, kind, op, (), (var,), Scope(), f"in{index}", exact=True))
+        attrs = _VARIES if index in traced.state else ()
+        in_refs.append(
+            builder.add(name, kind, op, (), (var,), Scope(), f"in{index}", attrs=attrs, exact=True)
+        )
     const_refs = [
         builder.add("const", NodeKind.CONSTANT, "const", (), (v,), Scope(), f"c{i}")
         for i, v in enumerate(closed.jaxpr.constvars)
@@ -177,10 +183,12 @@ class _Builder:
             name = str(eqn.params.get("name", "jit"))
             inner = eqn.params["jaxpr"]
             if name.startswith(MODULE_MARK):
-                entry = self.traced.modules[int(name[len(MODULE_MARK) :])]
+                index, mark = name[len(MODULE_MARK) :].split("_")
+                entry = self.traced.modules[int(index)]
                 sub = Scope(entry.path, entry.type_name, entry.path)
                 outs = self._sub(inner.jaxpr, inner.consts, inputs, key, sub)
-                self._alias_outputs(outs, entry.path)
+                # The module's outputs; after them, the state it assigns (not its output).
+                self._alias_outputs(outs[: len(outs) - self.traced.marks[int(mark)]], entry.path)
                 return outs
             if name.startswith(FN_MARK):
                 return self._opaque(name[len(FN_MARK) :], eqn, key, refs, local)
@@ -201,7 +209,7 @@ class _Builder:
             return self._while(eqn, key, inputs, local)
         if prim in CUSTOM:
             return self._custom(eqn, key, inputs, local)
-        return self._opaque(prim, eqn, key, refs, local)
+        return self._opaque(_ACTIVATION_PRIMITIVES.get(prim, prim), eqn, key, refs, local)
 
     def _custom(
         self, eqn: Any, key: str, inputs: list[Ref | None], scope: Scope
