@@ -173,7 +173,12 @@ def test_equinox_lstm_hidden_and_cell_state_per_step(sink: Any) -> None:
     with fm:
         np.testing.assert_allclose(fm(XS), _jitted(model, XS), rtol=RTOL, atol=ATOL)
     h, c = jnp.zeros(4), jnp.zeros(4)
-    want: dict[str, list[np.ndarray]] = {"scan.carry": [], "scan.carry_1": [], "cell:0": [], "cell:1": []}
+    want: dict[str, list[np.ndarray]] = {
+        "scan.carry": [],
+        "scan.carry_1": [],
+        "cell:0": [],
+        "cell:1": [],
+    }
     for x in XS:
         want["scan.carry"].append(np.asarray(h))
         want["scan.carry_1"].append(np.asarray(c))
