@@ -1,7 +1,7 @@
 """Stateful models compute exactly what they compute uninstrumented.
 
 Flax NNX (BatchNorm statistics, ``nnx.Rngs`` advancing, Dropout drawing a new mask per
-call) directly and under ``nnx.jit``; Equinox ``BatchNorm`` with ``eqx.nn.State``; Flax
+call) directly and under ``nnx.jit``, ``nnx.scan`` and ``nnx.vmap``; Equinox ``BatchNorm`` with ``eqx.nn.State``; Flax
 Linen ``apply(..., mutable=[...])``. State that a trace cannot carry is refused at trace
 time, naming the attribute.
 """
@@ -224,3 +224,56 @@ def test_linen_apply_with_mutable_collections(sink: Any) -> None:
 def _only(values: dict[str, Any], suffix: str) -> str:
     (name,) = [n for n in values if n.endswith(suffix)]
     return name
+
+
+class Small(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.linear = nnx.Linear(4, 4, rngs=rngs)
+        self.bn = nnx.BatchNorm(4, rngs=rngs)
+        self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.drop(nnx.relu(self.bn(self.linear(x))))
+
+
+def test_nnx_state_under_nnx_scan(sink: Any) -> None:
+    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+    def steps(model: Any, x: jax.Array) -> tuple[Any, jax.Array]:
+        return model, model(x)
+
+    xs = jax.random.normal(jax.random.key(6), (3, 8, 4))
+    plain, model = Small(nnx.Rngs(0, dropout=1)), Small(nnx.Rngs(0, dropout=1))
+    fm = cj.instrument(model, select=["bn", "drop"], sink=sink)
+    with fm:
+        _, want = steps(plain, xs)
+        _, got = steps(fm, xs)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    _same_state(plain, model)
+    assert len(sink.calls) == 3 and model.drop.rngs.count[...] == 3
+
+
+class Counter(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.linear = nnx.Linear(4, 4, rngs=rngs)
+        self.count = nnx.Variable(jnp.array(0))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        self.count[...] += 1
+        return nnx.gelu(self.linear(x)) * self.count[...]
+
+
+def test_nnx_state_under_nnx_vmap(sink: Any) -> None:
+    @nnx.vmap(in_axes=(None, 0), out_axes=0)
+    def batched(model: Any, x: jax.Array) -> jax.Array:
+        return model(x)
+
+    xs = jax.random.normal(jax.random.key(7), (3, 8, 4))
+    plain, model = Counter(nnx.Rngs(0)), Counter(nnx.Rngs(0))
+    fm = cj.instrument(model, select=["linear", "gelu"], sink=sink)
+    with fm:
+        for _ in range(2):
+            np.testing.assert_allclose(batched(fm, xs), batched(plain, xs), rtol=RTOL, atol=ATOL)
+            assert model.count[...] == plain.count[...]
+    got = sink.values(1)
+    np.testing.assert_allclose(got["gelu"], jax.nn.gelu(got["linear"]), rtol=RTOL, atol=ATOL)
+    assert got["gelu"].shape == (3, 8, 4)
