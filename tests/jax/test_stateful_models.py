@@ -1,9 +1,9 @@
 """Stateful models compute exactly what they compute uninstrumented.
 
 Flax NNX (BatchNorm statistics, ``nnx.Rngs`` advancing, Dropout drawing a new mask per
-call) directly and under ``nnx.jit``, ``nnx.scan`` and ``nnx.vmap``; Equinox ``BatchNorm`` with ``eqx.nn.State``; Flax
-Linen ``apply(..., mutable=[...])``. State that a trace cannot carry is refused at trace
-time, naming the attribute.
+call) directly and under ``nnx.jit``, ``nnx.scan`` and ``nnx.vmap``; Equinox ``BatchNorm``
+with ``eqx.nn.State``; Flax Linen ``apply(..., mutable=[...])``. State that a trace cannot
+carry is refused at trace time, naming the attribute.
 """
 
 from __future__ import annotations

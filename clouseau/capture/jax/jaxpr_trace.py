@@ -5,8 +5,14 @@ with ``__call__``) is called through a ``jax.jit`` named ``__clouseau_module_<i>
 every :data:`~clouseau.capture.jax.naming.ACTIVATIONS` function of ``jax.nn`` through one
 named ``__clouseau_fn_<name>``. The marked jit equations give the exact output values of
 each module and activation; :mod:`clouseau.capture.jax.build` turns them into names.
-The markers are patched in for the duration of one trace (class ``__call__`` and ``jax.nn``
-attributes) under a lock, and always restored.
+The markers are patched in for the duration of one trace (class ``__call__``, ``jax.nn``
+attributes, and the code of the activations JAX inlines: :mod:`.activations`) under a
+lock, and always restored.
+
+What a call assigns to the model's state (Flax NNX ``Variable`` s) leaves the jaxpr, and
+each module marker, as outputs after the real ones, and is assigned back outside
+(:mod:`.state`): ``Traced.state`` says which leaves, ``Traced.marks`` how many outputs of
+each marker (``__clouseau_module_<i>_<call>``) are state.
 
 A module or activation that the model itself calls under ``jax.vmap`` (Equinox's
 ``MultiheadAttention`` vmaps its projections) has its outputs pinned batch axis first
