@@ -277,3 +277,17 @@ def test_nnx_state_under_nnx_vmap(sink: Any) -> None:
     got = sink.values(1)
     np.testing.assert_allclose(got["gelu"], jax.nn.gelu(got["linear"]), rtol=RTOL, atol=ATOL)
     assert got["gelu"].shape == (3, 8, 4)
+
+
+class Shared(nnx.Module):
+    def __init__(self) -> None:
+        self.first = Counter(nnx.Rngs(0))
+        self.second = self.first  # one module at two paths
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.first(x) + self.second(x)
+
+
+def test_state_shared_between_two_paths_is_refused() -> None:
+    with pytest.raises(TraceError, match=r"'first.count'.*also holds as 'second.count'"):
+        cj.trace(Shared(), jnp.ones((2, 4)))

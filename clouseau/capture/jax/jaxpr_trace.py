@@ -167,6 +167,7 @@ def trace_jaxpr(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tr
         # The model's own error on these inputs (shapes, dtypes): say where and with what.
         raise TraceError(_inputs_message(model, parts, err)) from err
     out_parts: Split = out_store["out"]
+    state.refuse_shared((model, args, kwargs), out_store["state"])
     return Traced(
         jaxpr=closed,
         in_names=in_names,

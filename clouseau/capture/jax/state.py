@@ -93,6 +93,32 @@ def changes(tree: Any, before: Snapshot, where: str = "") -> tuple[int, ...]:
     return tuple(_positions(before, changed))
 
 
+def refuse_shared(tree: Any, positions: Sequence[int]) -> None:
+    """Refuse state assigned to an ``nnx.Variable`` that the tree holds at two paths.
+
+    A pytree holds a shared object once per path: the trace runs on two copies, each
+    assigned apart, where the model assigns one object twice.
+    """
+    if not positions:
+        return
+    holders = [h for name, part in _parts(tree) for h in _holders(part, name)]
+    paths: dict[int, list[str]] = {}
+    for variable, path in holders:
+        if variable is not None:
+            paths.setdefault(id(variable), []).append(path)
+    for i in positions:
+        variable, path = holders[i]
+        others = [p for p in paths.get(id(variable), []) if p != path]
+        if others:
+            _refuse(
+                path,
+                f"an nnx.Variable the model also holds as {others[0]!r} (a pytree flattens a "
+                "shared object once per path)",
+                "hold the stateful module at one attribute, or give each path its own "
+                "nnx.Variable.",
+            )
+
+
 def carried(tree: Any, positions: Sequence[int]) -> list[Any]:
     """The array leaves of ``tree`` at ``positions`` (the state a call assigned)."""
     if not positions:
@@ -206,11 +232,14 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
-def _refuse(name: str, what: str) -> None:
+def _refuse(name: str, what: str, fix: str = "") -> None:
+    fix = fix or (
+        "keep state that a call changes in an nnx.Variable (e.g. nnx.Variable(jnp.array(0)) "
+        "for a counter, nnx.BatchStat for statistics), or in an eqx.nn.State passed in and "
+        "returned."
+    )
     raise TraceError(
         f"clouseau cannot carry the state {name!r} through a trace: it is {what}, which JAX "
         "tracing does not see, so the instrumented model would compute differently from the "
-        "model. Fix: keep state that a call changes in an nnx.Variable (e.g. "
-        "nnx.Variable(jnp.array(0)) for a counter, nnx.BatchStat for statistics), or in an "
-        "eqx.nn.State passed in and returned."
+        f"model. Fix: {fix}"
     )
