@@ -291,3 +291,16 @@ class Shared(nnx.Module):
 def test_state_shared_between_two_paths_is_refused() -> None:
     with pytest.raises(TraceError, match=r"'first.count'.*also holds as 'second.count'"):
         cj.trace(Shared(), jnp.ones((2, 4)))
+
+
+def test_nnx_train_and_eval_modes_are_traced_apart(sink: Any) -> None:
+    plain, model = _cnn(), _cnn()
+    fm = cj.instrument(model, select=["drop"], sink=sink)
+    with fm:
+        for mode in ("train", "eval", "train"):
+            getattr(plain, mode)()
+            getattr(model, mode)()
+            np.testing.assert_allclose(fm(X), plain(X), rtol=RTOL, atol=ATOL)
+            _same_state(plain, model)
+    assert len(sink.graphs) == 2  # one trace per mode
+    assert model.drop.rngs.count[...] == 2  # eval mode draws no mask
