@@ -45,7 +45,8 @@ from clouseau.ir.verify import verify
 # jax.nn activations that JAX inlines to one primitive, named as the function.
 _ACTIVATION_PRIMITIVES = {"logistic": "sigmoid"}
 
-# Loop carries, slices and results change between iterations: points whatever their inputs.
+# Loop carries, slices and results change between iterations, state the call assigns
+# between calls: what is computed from them is a point whatever else it reads.
 _VARIES = ((VARIES, True),)
 
 FLATTENED = frozenset({"jit", "pjit", "scan", "remat2", "checkpoint", "remat"})

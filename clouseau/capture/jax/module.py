@@ -23,13 +23,7 @@ from clouseau.capture._session import CaptureSession
 from clouseau.capture.jax import _compat, host, state
 from clouseau.capture.jax.build import build_graph
 from clouseau.capture.jax.intervene import grad_emitting, intervention_rewrites
-from clouseau.capture.jax.jaxpr_trace import (
-    Split,
-    Traced,
-    signature,
-    split,
-    trace_jaxpr,
-)
+from clouseau.capture.jax.jaxpr_trace import Split, Traced, signature, split, trace_jaxpr
 from clouseau.capture.jax.lower import Lowered, lower
 from clouseau.ir.actions import Action
 from clouseau.ir.graph import Graph
