@@ -454,7 +454,7 @@
       }
       t.appendChild(tr);
     }
-    const out = [el("h3", {}, `statistics (${s.names.join(", ")}): ${s.calls[0].dtype}[${s.calls[0].shape.join(",")}]`), t];
+    const out = [el("h3", { class: "stats-title" }, `statistics (${s.names.join(", ")}): ${s.calls[0].dtype}[${s.calls[0].shape.join(",")}]`), t];
     s.calls.slice(0, 6).forEach((c) => out.push(histogram(c)));
     return out;
   }
@@ -531,7 +531,11 @@
   if (firstDiv >= 0) select(rep(firstDiv));
   window.clouseauExplorer = {
     renderMs: performance.now(), layoutMs,
-    show: (name) => { const i = N.findIndex((n) => n.n === name); if (i >= 0) { if (expandTo(i)) render(); reveal(rep(i), true); } },
+    show: (name) => {  // centre the view on a node (expanding its groups) or a group
+      const hit = D.points.find((x) => x[0] === name), i = hit ? hit[1] : N.findIndex((n) => n.n === name);
+      if (i >= 0) { if (expandTo(i)) render(); reveal(rep(i), true); }
+      else if (byPath.has(name)) reveal("g" + byPath.get(name), true);
+    },
     search: (q) => { $("search").value = q; runSearch(); },
     globMatches: (pat, name, op, alias) => (pat.includes(".") ? fnmatch(name, pat) : fnmatch(name.slice(name.lastIndexOf(".") + 1), pat) || (!alias && fnmatch(op, pat))),
     expand: (path) => toggle(byPath.get(path), true),
