@@ -73,8 +73,9 @@ class Opened:
 
     def show(self, name: str) -> Any:
         """The node (or group box) called ``name``, scrolled into the view."""
-        self.page.evaluate("(n) => window.clouseauExplorer.show(n)", name)
-        return self.page.locator(f'.node[data-name="{name}"], .node[data-path="{name}"]')
+        found = self.page.evaluate("(n) => window.clouseauExplorer.show(n)", name)
+        assert found, f"{name!r} is neither a point, a node nor a group of the page"
+        return self.page.locator(f'.node[data-id="{found}"]')
 
     def shot(self, path: Path) -> Path:
         self.page.screenshot(path=str(path))

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from clouseau.exporters._dot import container, spec_label
+from clouseau.exporters._dot import spec_label
 from clouseau.exporters.explore._stats import PointError, call_stats, json_safe
 from clouseau.ir.graph import INSTRUMENTATION, Graph, Node, NodeKind, Ref, TensorSpec
-from clouseau.ir.metadata import module_params, node_flops
+from clouseau.ir.metadata import node_flops
 
 # The page opens with modules expanded down to the deepest level that shows at most this
 # many boxes; deeper modules start collapsed (and the page says so).
@@ -64,9 +64,9 @@ def build_payload(data: ExploreInput) -> dict[str, object]:
     by_name = {n.name: n for n in graph.nodes}
     groups, node_group = _groups(graph, shown)
     saved = _saved_nodes(graph, by_name, index)
-    nodes = [
-        _node_json(graph, n, node_group[i], index, by_name, i in saved) for i, n in enumerate(shown)
-    ]
+    params = {m.path: m.params for m in graph.modules}
+    nodes = [_node_json(graph, n, node_group[i], index, by_name, i in saved, params)
+             for i, n in enumerate(shown)]  # fmt: skip
     points = [[p.name, index[_resolve(by_name, p.ref).node], int(p.is_alias)]
               for p in graph.points if _resolve(by_name, p.ref).node in index]  # fmt: skip
     point_node = {name: i for name, i, _ in points}
@@ -110,7 +110,7 @@ def _saved_nodes(graph: Graph, by_name: dict[str, Node], index: dict[str, int]) 
 
 
 def _node_json(graph: Graph, node: Node, group: int, index: dict[str, int],
-               by_name: dict[str, Node], saved: bool) -> dict[str, object]:  # fmt: skip
+               by_name: dict[str, Node], saved: bool, params: dict[str, int]) -> dict[str, object]:  # fmt: skip
     inputs = []
     for ref in node.inputs:
         src = _resolve(by_name, ref)
@@ -137,9 +137,8 @@ def _node_json(graph: Graph, node: Node, group: int, index: dict[str, int],
     flops = node_flops(graph, node)
     if flops is not None:
         item["fl"] = flops
-    params = module_params(graph, node)
-    if params:
-        item["pa"] = params
+    if params.get(node.module):  # the parameters of the module the node belongs to
+        item["pa"] = params[node.module]
     if node.aliases:
         item["al"] = [a for _, a in node.aliases]
     if saved:
@@ -167,13 +166,27 @@ def _groups(graph: Graph, shown: list[Node]) -> tuple[list[_Group], list[int]]:
 
     node_group = []
     for i, node in enumerate(shown):
-        g = group_of(container(node))
+        g = group_of(_container(node))
         groups[g].nodes.append(i)
         node_group.append(g)
     for g in range(len(groups)):
         if len(groups[g].nodes) > CHUNK:
             _chunk(groups, g, node_group)
     return groups, node_group
+
+
+def _container(node: Node) -> str:
+    """The module a node is drawn in, as ``_dot.container`` decides (without a regex each).
+
+    A leaf-module call (``layer1.0.relu``, or ``layer1.0.relu_1`` for its second call) is
+    one box in the module around it.
+    """
+    module, name = node.module, node.name
+    if module and (
+        name == module or (name.startswith(module + "_") and name[len(module) + 1 :].isdigit())
+    ):
+        return module.rsplit(".", 1)[0] if "." in module else ""
+    return module
 
 
 def _chunk(groups: list[_Group], g: int, node_group: list[int]) -> None:

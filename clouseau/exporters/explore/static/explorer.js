@@ -128,6 +128,7 @@
   const PALETTE = [[239, 243, 255], [189, 215, 238], [107, 174, 214], [253, 174, 97], [215, 48, 39]];
   function colour(v) {
     if (v === undefined) return null;
+    if (metric === "nonfinite") return v > 0 ? "#b71c1c" : "#e8f5e9";  // any NaN/inf: red
     if (!isFinite(v)) return "#b71c1c";
     if (v <= 0) return "rgb(239,243,255)";
     const [lo, hi] = metricRange;
@@ -429,7 +430,7 @@
       parts.push(el("h2", {}, n.n));
       row(t, "op", n.o); row(t, "kind", n.k); row(t, "module", n.m); row(t, "module type", n.mt);
       row(t, "output", n.s); row(t, "dtype", n.dt); row(t, "source", n.src); row(t, "code", n.code);
-      row(t, "FLOPs", n.fl); row(t, "parameters", n.pa); row(t, "also named", (n.al || []).join(", "));
+      row(t, "FLOPs", n.fl); row(t, "module parameters", n.pa); row(t, "also named", (n.al || []).join(", "));
       row(t, "inputs", n.in.map((x) => N[x[0]].n).join(", "));
       row(t, "saved", n.sv || STATS[k] ? "yes" : "no");
       parts.push(t);
@@ -533,8 +534,9 @@
     renderMs: performance.now(), layoutMs,
     show: (name) => {  // centre the view on a node (expanding its groups) or a group
       const hit = D.points.find((x) => x[0] === name), i = hit ? hit[1] : N.findIndex((n) => n.n === name);
-      if (i >= 0) { if (expandTo(i)) render(); reveal(rep(i), true); }
-      else if (byPath.has(name)) reveal("g" + byPath.get(name), true);
+      const id = i >= 0 ? (expandTo(i) && render(), rep(i)) : byPath.has(name) ? "g" + byPath.get(name) : null;
+      if (id) reveal(id, true);
+      return id;
     },
     search: (q) => { $("search").value = q; runSearch(); },
     globMatches: (pat, name, op, alias) => (pat.includes(".") ? fnmatch(name, pat) : fnmatch(name.slice(name.lastIndexOf(".") + 1), pat) || (!alias && fnmatch(op, pat))),
