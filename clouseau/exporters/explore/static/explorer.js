@@ -121,7 +121,7 @@
     metricValues = vals;
     metricRange = [lo, hi];
     const legend = $("legend");
-    legend.textContent = finite.length
+    legend.textContent = metric === "nonfinite" ? "red: holds NaN or inf; green: all finite" : finite.length
       ? `${METRICS[metric][1] ? METRICS[metric][0] : ""}: ${fmt(10 ** lo)} … ${fmt(10 ** hi)} (log scale; red: NaN/inf)`
       : `${METRICS[metric][0]}: no positive values`;
   }
@@ -289,6 +289,7 @@
       const v = metricValues ? (isGroup ? groupMetric(k) : metricValues[k]) : undefined;
       const c = metricValues ? colour(v) : null;
       e.querySelector("rect").style.fill = c || "";
+      e.classList.toggle("dark", c === "#b71c1c");
     }
   }
 
@@ -298,6 +299,7 @@
     const r = svg.getBoundingClientRect(), aspect = (r.width || 800) / (r.height || 600);
     let w = bounds.w + 20, h = bounds.h + 20;
     if (w / h < aspect) w = h * aspect; else h = w / aspect;
+    if (w < (r.width || 800) / 1.25) { w = (r.width || 800) / 1.25; h = w / aspect; }  // small graphs: no giant boxes
     // Never start more zoomed-out than needed to read the top of a tall graph.
     const minW = (r.width || 800) * 1.0;
     if (w > minW * 4 && bounds.h > bounds.w) { w = minW * 1.5; h = w / aspect; view.x = -10; view.y = -10; view.w = w; view.h = h; return setView(); }
