@@ -295,15 +295,17 @@
 
   // -- pan and zoom ----------------------------------------------------------------------
   function setView() { svg.setAttribute("viewBox", `${view.x} ${view.y} ${view.w} ${view.h}`); }
-  function fit() {
-    const r = svg.getBoundingClientRect(), aspect = (r.width || 800) / (r.height || 600);
-    let w = bounds.w + 20, h = bounds.h + 20;
-    if (w / h < aspect) w = h * aspect; else h = w / aspect;
-    if (w < (r.width || 800) / 1.25) { w = (r.width || 800) / 1.25; h = w / aspect; }  // small graphs: no giant boxes
-    // Never start more zoomed-out than needed to read the top of a tall graph.
-    const minW = (r.width || 800) * 1.0;
-    if (w > minW * 4 && bounds.h > bounds.w) { w = minW * 1.5; h = w / aspect; view.x = -10; view.y = -10; view.w = w; view.h = h; return setView(); }
-    Object.assign(view, { x: -10 - (w - bounds.w - 20) / 2, y: -10 - (h - bounds.h - 20) / 2, w, h });
+  // The whole graph in view; with ``readable``, never so small that labels cannot be read
+  // (a tall graph then opens at its top, to be panned) nor larger than 1.25x.
+  function fit(readable) {
+    const r = svg.getBoundingClientRect(), W = r.width || 800, H = r.height || 600;
+    const bw = bounds.w + 20, bh = bounds.h + 20;
+    let s = Math.min(W / bw, H / bh, 1.25);
+    if (readable === true) s = Math.max(s, 0.6);
+    const w = W / s, h = H / s;
+    view.x = bw <= w ? -10 - (w - bw) / 2 : -10;
+    view.y = bh <= h ? -10 - (h - bh) / 2 : -10;
+    view.w = w; view.h = h;
     setView();
   }
   function zoom(f, cx, cy) {
@@ -379,7 +381,7 @@
     if (k === "/") { ev.preventDefault(); $("search").focus(); return; }
     if (k === "+" || k === "=") return zoom(1 / 1.25);
     if (k === "-") return zoom(1.25);
-    if (k === "0") return fit();
+    if (k === "0") return fit(false);
     if (!selected) { if (order.length && k.startsWith("Arrow")) select(order[0]); return; }
     const moves = { ArrowDown: "down", ArrowUp: "up", ArrowRight: "next", ArrowLeft: "prev", j: "next", k: "prev" };
     if (moves[k]) { ev.preventDefault(); select(neighbour(selected, moves[k])); return; }
@@ -457,7 +459,9 @@
       }
       t.appendChild(tr);
     }
-    const out = [el("h3", { class: "stats-title" }, `statistics (${s.names.join(", ")}): ${s.calls[0].dtype}[${s.calls[0].shape.join(",")}]`), t];
+    const wrap = el("div", { class: "scroll" });
+    wrap.appendChild(t);
+    const out = [el("h3", { class: "stats-title" }, `statistics (${s.names.join(", ")}): ${s.calls[0].dtype}[${s.calls[0].shape.join(",")}]`), wrap];
     s.calls.slice(0, 6).forEach((c) => out.push(histogram(c)));
     return out;
   }
@@ -508,10 +512,10 @@
   colourBy.addEventListener("change", () => { metric = colourBy.value; computeMetric(); if (!metric) $("legend").textContent = ""; applyMarks(); });
   $("search").addEventListener("input", () => { if (!$("search").value) runSearch(); });
   $("search-go").addEventListener("click", runSearch);
-  $("fit").addEventListener("click", fit);
+  $("fit").addEventListener("click", () => fit(false));
   $("zoom-in").addEventListener("click", () => zoom(1 / 1.25));
   $("zoom-out").addEventListener("click", () => zoom(1.25));
-  $("collapse-all").addEventListener("click", () => { expanded.clear(); expanded.add(0); render(); fit(); });
+  $("collapse-all").addEventListener("click", () => { expanded.clear(); expanded.add(0); render(); fit(true); });
   $("title").textContent = D.title;
   $("subtitle").textContent = `${D.frontend} · ${N.length.toLocaleString("en-US")} nodes`;
   if (D.note) { $("note").textContent = D.note; $("note").hidden = false; }
@@ -530,7 +534,7 @@
   if (Object.values(STATS).some((s) => s.calls.some((c) => c.nan || c.inf))) { colourBy.value = "nonfinite"; metric = "nonfinite"; computeMetric(); }
   else if (DIFF && METRICS.rel) { colourBy.value = "rel"; metric = "rel"; computeMetric(); }
   render();
-  fit();
+  fit(true);
   if (firstDiv >= 0) select(rep(firstDiv));
   window.clouseauExplorer = {
     renderMs: performance.now(), layoutMs,
