@@ -271,7 +271,8 @@
     e.appendChild(el("text", { x: 8, y: 14, class: "l1" }, short(a, 42), true));
     e.appendChild(el("text", { x: 8, y: 27, class: "l2" }, short(b, 42), true));
     if (cls.includes("saved")) e.appendChild(el("circle", { cx: box.width - 7, cy: 7, r: 3.5, class: "saved-dot" }, undefined, true));
-    e.appendChild(el("title", {}, isGroup ? `${G[k].p} (${G[k].t})` : N[k].n, true));
+    const tip = isGroup ? `${G[k].p} (${G[k].t})` : `${N[k].n}\n${N[k].o} → ${N[k].s}${N[k].dt ? " " + N[k].dt : ""}${N[k].m ? "\nin " + N[k].m + " (" + N[k].mt + ")" : ""}`;
+    e.appendChild(el("title", {}, tip, true));
     return e;
   }
   function applyMarks() {
