@@ -188,3 +188,29 @@ def test_notebook_and_terminal_displays(tmp_path: Path) -> None:
     console.print(cap.graph)
     text = console.export_text()
     assert "body.1" in text and "NaN" in text and "head" in text and "differs" in text
+
+
+def test_jax_capture_with_a_loop(tmp_path: Path) -> None:
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+
+    def f(x: Any) -> Any:
+        def body(c: Any, xi: Any) -> Any:
+            c = jnp.tanh(c + xi)
+            return c, c * 2
+
+        _, ys = jax.lax.scan(body, x[0], x)
+        return jax.nn.relu(ys).sum()
+
+    x = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
+    with clouseau.instrument(f, select="*", path=tmp_path / "cap") as fmodel:
+        fmodel(x)
+    doc = _document(clouseau.explore(tmp_path / "cap"))
+    names = [n["n"] for n in doc["nodes"]]
+    _, ys = jax.jit(lambda x: jax.lax.scan(lambda c, xi: (jnp.tanh(c + xi),) * 2, x[0], x))(x)
+    relu = np.asarray(jax.nn.relu(ys * 2), dtype=np.float64)
+    got = doc["stats"][str(names.index("relu"))]["calls"][0]
+    assert got["shape"] == [3, 4] and got["zeros"] == np.count_nonzero(relu == 0)
+    assert got["mean"] == pytest.approx(relu.mean(), rel=1e-6)
+    # Values saved once per iteration of the loop come stacked, one row per iteration.
+    assert doc["stats"][str(names.index("scan.tanh"))]["calls"][0]["shape"] == [3, 4]

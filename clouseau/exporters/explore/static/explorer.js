@@ -190,7 +190,8 @@
       if (seen.has(id)) return;
       seen.set(id, i);
       const [a, b] = itemLabel(id);
-      g.setNode(id, { width: Math.min(Math.max(a.length, b.length) * 6.4 + 18, 280), height: 34 });
+      // Approximate text widths: 11px bold labels and 9px monospace details, plus the dot.
+      g.setNode(id, { width: Math.min(Math.max(Math.min(a.length, 42) * 7 + 26, Math.min(b.length, 42) * 5.6 + 16), 300), height: 34 });
       const k = +id.slice(1), parent = id[0] === "g" ? G[k].up : N[k].g;
       if (parent > 0) { g.setParent(id, "c" + parent); addCluster(g, parent, clusters); }
     });
