@@ -137,6 +137,10 @@
     const a = PALETTE[k], b = PALETTE[k + 1], f = x - k;
     return `rgb(${a.map((c, j) => Math.round(c + (b[j] - c) * f)).join(",")})`;
   }
+  function luminance(c) {
+    const v = c[0] === "#" ? [1, 3, 5].map((j) => parseInt(c.slice(j, j + 2), 16)) : c.match(/\d+/g).map(Number);
+    return 0.299 * v[0] + 0.587 * v[1] + 0.114 * v[2];
+  }
   function groupMetric(g) {
     let best;
     N.forEach((n, i) => {
@@ -271,6 +275,7 @@
     e.appendChild(el("rect", { width: box.width, height: box.height, rx: isGroup ? 8 : 4 }, undefined, true));
     e.appendChild(el("text", { x: 8, y: 14, class: "l1" }, short(a, 42), true));
     e.appendChild(el("text", { x: 8, y: 27, class: "l2" }, short(b, 42), true));
+    if (!isGroup && k === firstDiv) e.appendChild(el("text", { x: 0, y: -4, class: "badge" }, "▼ first divergence", true));
     if (cls.includes("saved")) e.appendChild(el("circle", { cx: box.width - 7, cy: 7, r: 3.5, class: "saved-dot" }, undefined, true));
     const tip = isGroup ? `${G[k].p} (${G[k].t})` : `${N[k].n}\n${N[k].o} → ${N[k].s}${N[k].dt ? " " + N[k].dt : ""}${N[k].m ? "\nin " + N[k].m + " (" + N[k].mt + ")" : ""}`;
     e.appendChild(el("title", {}, tip, true));
@@ -291,7 +296,7 @@
       const v = metricValues ? (isGroup ? groupMetric(k) : metricValues[k]) : undefined;
       const c = metricValues ? colour(v) : null;
       e.querySelector("rect").style.fill = c || "";
-      e.classList.toggle("dark", c === "#b71c1c");
+      e.classList.toggle("dark", !!c && luminance(c) < 140);
     }
   }
 
