@@ -38,8 +38,14 @@ def write_reports(out: Path) -> tuple[Path, Path]:
     for name, net in (("run-a", model), ("run-b", perturbed)):
         with clouseau.instrument(net, select="*", path=out / name) as fmodel:
             fmodel(x)
-    report = clouseau.explore(out / "run-a", out / "report.html", depth=2)
-    diff = clouseau.explore((out / "run-a", out / "run-b"), out / "diff.html")
+    report = clouseau.explore(
+        out / "run-a", out / "report.html", depth=2, title="quickstart ResNet"
+    )
+    diff = clouseau.explore(
+        (out / "run-a", out / "run-b"),
+        out / "diff.html",
+        title="quickstart ResNet: layer2.0.conv2 perturbed",
+    )
     return report, diff
 
 
