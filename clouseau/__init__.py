@@ -9,7 +9,7 @@ drop-in model that writes those activations to safetensors::
     cap = clouseau.load(".clouseau")
 """
 
-from clouseau.api import diff, draw, export_onnx, instrument, trace
+from clouseau.api import diff, draw, explore, export_onnx, instrument, trace
 from clouseau.ir.actions import add, clamp, mean_ablate, noise, patch, replace, scale, zero
 from clouseau.ir.errors import CaptureError, ClouseauError, SelectionError, TraceError
 from clouseau.ir.graph import Graph, Point
@@ -31,6 +31,7 @@ __all__ = [
     "clamp",
     "diff",
     "draw",
+    "explore",
     "export_onnx",
     "instrument",
     "load",

@@ -1,4 +1,4 @@
-"""The ``clouseau`` command: show, diff and draw captures; export models to ONNX.
+"""The ``clouseau`` command: show, diff, draw and explore captures; export models to ONNX.
 
 Exit status: 0 on success, 1 when ``diff`` finds a difference, 2 on a user error (bad
 path, not a capture, no shared names, graphviz missing). User errors print one message,
@@ -128,6 +128,8 @@ def _parser() -> argparse.ArgumentParser:
         "--rankdir", default="TB", choices=("TB", "LR", "BT", "RL"), help="layout direction"
     )
     dr.set_defaults(run=_cmd_draw)
+
+    _add_explore(sub)
 
     ex = sub.add_parser("export-onnx", help="export a model to ONNX with activations as outputs",
                         description=_EXPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -357,6 +359,35 @@ def _cmd_draw(args: argparse.Namespace, console: Console) -> int:
         rollup=args.rollup,
         rankdir=args.rankdir,
     )
+    console.print(f"wrote {escape(str(out))}")
+    return EXIT_OK
+
+
+# -- explore --------------------------------------------------------------------------------
+def _add_explore(sub: Any) -> None:
+    ex = sub.add_parser(
+        "explore", help="write an interactive HTML explorer of a capture (or of a diff of two)",
+        description="Write one self-contained HTML page (no network, no server) of the graph "
+        "stored in a capture directory, with per-call statistics of every saved point; given "
+        "two directories, of their diff, the first divergence highlighted.",
+    )  # fmt: skip
+    ex.add_argument("path", help="capture directory")
+    ex.add_argument("other", nargs="?", help="second capture directory: explore the diff")
+    ex.add_argument("-o", "--output", default="report.html", help="the .html file (default report.html)")  # fmt: skip
+    ex.add_argument("--depth", type=int, help="module levels open when the page opens")
+    ex.add_argument("--rtol", type=float, default=None, help="relative tolerance of the diff")
+    ex.add_argument("--atol", type=float, default=None, help="absolute tolerance of the diff")
+    ex.set_defaults(run=_cmd_explore)
+
+
+def _cmd_explore(args: argparse.Namespace, console: Console) -> int:
+    from clouseau._explore import explore
+
+    options = {k: v for k, v in (("rtol", args.rtol), ("atol", args.atol)) if v is not None}
+    if options and args.other is None:
+        raise ValueError("--rtol and --atol apply to a diff: give a second capture directory")
+    source = args.path if args.other is None else (args.path, args.other)
+    out = explore(source, args.output, depth=args.depth, **options)
     console.print(f"wrote {escape(str(out))}")
     return EXIT_OK
 

@@ -13,6 +13,8 @@ import clouseau
 PUBLIC = {
     "Capture", "CaptureError", "ClouseauError", "Graph", "Point", "SelectionError", "Selector",
     "TraceError", "diff", "draw", "export_onnx", "instrument", "load", "trace",
+    # the HTML explorer (DESIGN.md round 2, docs/explorer.md)
+    "explore",
     # interventions (docs/interventions.md)
     "add", "clamp", "mean_ablate", "noise", "patch", "replace", "scale", "zero",
 }  # fmt: skip
