@@ -5,6 +5,10 @@ A block is a fenced ```` ```python ```` block (indented ones inside lists includ
 run here; the tests skip it visibly with that reason. A line ``--8<-- "path"`` (the
 snippets extension of the docs site) stands for the file at ``path``, relative to the
 repository root, so a page that shows an example script runs that script.
+
+A ```` ```console ```` block whose lines start ``$ clouseau ...`` shows commands and their
+output; the tests run each command (after the page's earlier Python blocks, in the same
+directory) and compare its output with the text shown.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\
 _SKIP = re.compile(r"^\s*<!--\s*skip:\s*(?P<reason>.+?)\s*-->\s*$")
 _SNIPPET = re.compile(r'^--8<--\s+"(?P<path>[^"]+)"\s*$')
 PYTHON = frozenset({"python", "py"})
+CONSOLE = "console"
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,7 @@ class Block:
     line: int  # 1-based line of the opening fence
     code: str
     skip: str | None
+    kind: str = "python"  # or CONSOLE
 
     @property
     def where(self) -> str:
@@ -46,7 +52,7 @@ def pages() -> tuple[Path, ...]:
 
 
 def blocks(page: Path) -> tuple[Block, ...]:
-    """The Python blocks of ``page``, in order."""
+    """The Python and ``$ clouseau`` console blocks of ``page``, in order."""
     lines = page.read_text(encoding="utf-8").splitlines()
     found: list[Block] = []
     i = 0
@@ -56,10 +62,14 @@ def blocks(page: Path) -> tuple[Block, ...]:
             i += 1
             continue
         end = _closing(lines, i, opening.group("fence"))
-        if opening.group("lang").lower() in PYTHON:
-            body = textwrap.dedent("\n".join(lines[i + 1 : end]))
-            skip = _SKIP.match(lines[i - 1]) if i else None
-            found.append(Block(page, i + 1, _expand(body), skip and skip.group("reason")))
+        lang = opening.group("lang").lower()
+        body = textwrap.dedent("\n".join(lines[i + 1 : end]))
+        skip = _SKIP.match(lines[i - 1]) if i else None
+        reason = skip.group("reason") if skip else None
+        if lang in PYTHON:
+            found.append(Block(page, i + 1, _expand(body), reason))
+        elif lang == CONSOLE and body.startswith("$ clouseau "):
+            found.append(Block(page, i + 1, body + "\n", reason, CONSOLE))
         i = end + 1
     return tuple(found)
 
@@ -78,3 +88,17 @@ def _expand(code: str) -> str:
         snippet = _SNIPPET.match(line.strip())
         out.append((ROOT / snippet.group("path")).read_text() if snippet else line)
     return "\n".join(out) + "\n"
+
+
+def commands(block: Block) -> list[tuple[list[str], str]]:
+    """The ``clouseau`` commands of a console block (argv after ``clouseau``) and their output."""
+    import shlex
+
+    runs: list[tuple[list[str], str]] = []
+    for line in block.code.splitlines():
+        if line.startswith("$ "):
+            runs.append((shlex.split(line[2:])[1:], ""))
+        else:
+            argv, shown = runs[-1]
+            runs[-1] = (argv, shown + line + "\n")
+    return runs

@@ -2,7 +2,8 @@
 
 One test per block, in page order; the blocks of a page share one namespace (as a reader
 runs them one after another) and run in a fresh directory of their own. A block marked
-``<!-- skip: reason -->`` is skipped with that reason, visibly.
+``<!-- skip: reason -->`` is skipped with that reason, visibly. A ``$ clouseau ...``
+console block is run there too, and its output must be the one the page shows.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.docs.blocks import ROOT, Block, blocks, pages
+from clouseau.cli import main
+from tests.docs.blocks import CONSOLE, ROOT, Block, blocks, commands, pages
 
 ALL = tuple(b for page in pages() for b in blocks(page))
 
@@ -37,7 +39,9 @@ def _page(block: Block, factory: pytest.TempPathFactory) -> _Page:
 
 
 @pytest.mark.parametrize("block", ALL, ids=[b.where for b in ALL])
-def test_block_runs(block: Block, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_block_runs(
+    block: Block, tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
     if block.skip:
         pytest.skip(f"{block.where}: {block.skip}")
     page = _page(block, tmp_path_factory)
@@ -46,12 +50,24 @@ def test_block_runs(block: Block, tmp_path_factory: pytest.TempPathFactory) -> N
     cwd = Path.cwd()
     os.chdir(page.directory)
     try:
-        exec(block.compiled(), page.namespace)
+        if block.kind == CONSOLE:
+            _run_console(block, capsys)
+        else:
+            exec(block.compiled(), page.namespace)
     except BaseException:
         page.failed = block.where
         raise
     finally:
         os.chdir(cwd)
+
+
+def _run_console(block: Block, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, shown in commands(block):
+        capsys.readouterr()
+        main(argv)
+        out, err = capsys.readouterr()
+        printed = "".join(line.rstrip() + "\n" for line in (out + err).splitlines())
+        assert printed == shown, f"clouseau {' '.join(argv)} printed:\n{printed}"
 
 
 def test_every_example_script_is_on_the_examples_page() -> None:
