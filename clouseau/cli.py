@@ -39,8 +39,11 @@ either a model object (a torch.nn.Module or an Equinox module) or a class or
 function that builds one when called with no arguments.
 
 Each --input gives the shape of one positional argument, as comma-separated
-sizes with an optional dtype: 2,3,32,32 or 2,16:int64 (float32 by default).
-Example inputs are random (normal for floats, 0..9 for ints) from --seed.
+positive sizes with an optional dtype: 2,3,32,32 or 2,16:int64 (float32 by
+default). The dtypes:
+  {dtypes}.
+Example inputs are random (normal for floats, 0..9 for ints) from --seed. The
+directory of -o must exist.
 
   clouseau export-onnx mypkg.models:make_resnet --input 1,3,224,224 \\
       --select 'layer*.*.relu_1' -o resnet.onnx
@@ -169,7 +172,7 @@ def _parser() -> argparse.ArgumentParser:
     dr.set_defaults(run=_cmd_draw)
 
     ex = sub.add_parser("export-onnx", help="export a model to ONNX with activations as outputs",
-                        description=_EXPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+                        description=_EXPORT_HELP.format(dtypes=", ".join(types.DTYPES)), formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ex.add_argument(
         "model", type=types.model_spec, metavar="MODEL", help="MODULE:ATTR factory spec (see above)"
     )
