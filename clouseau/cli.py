@@ -1,8 +1,8 @@
 """The ``clouseau`` command: show, diff and draw captures; export models to ONNX.
 
-Exit status: 0 on success, 1 when ``diff`` finds a difference, 2 on a user error (bad
-path, not a capture, no shared names, graphviz missing). User errors print one message,
-never a traceback.
+Exit status: 0 on success, 1 when ``diff`` finds a difference, 2 on a user error (a
+malformed argument, a bad path, not a capture, no shared names, graphviz missing), 130
+when interrupted (Ctrl-C). Errors print one message, never a traceback.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from clouseau.ir.errors import ClouseauError
 __all__ = ["load_factory", "main", "make_inputs", "parse_input"]
 
 EXIT_OK, EXIT_DIFFERS, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # the shell's status for a command ended by Ctrl-C (128 + SIGINT)
 _MAX_ROWS = 60  # above this many rows, diff shows only the points that are not close
 
 _EXPORT_HELP = """\
@@ -74,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"[bold red]error:[/] {escape(type(err).__name__)}: {escape(one_line(str(err)))}"
         )
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        errors.print("[bold red]interrupted[/]")
+        return EXIT_INTERRUPTED
 
 
 def _width(args: argparse.Namespace) -> int | None:

@@ -196,3 +196,14 @@ def test_every_subcommand_has_cases() -> None:
     assert commands >= {"show", "diff", "draw", "export-onnx"}
     per_kind = itertools.groupby(sorted(c[0] for c in CASES if c))
     assert all(len(list(group)) >= 20 for key, group in per_kind if key != "bogus")
+
+
+def test_ctrl_c_prints_one_line(
+    monkeypatch: pytest.MonkeyPatch, places: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("clouseau.store.load", interrupted)
+    assert main(["show", places["cap"]]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
