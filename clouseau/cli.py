@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = StrictParser(
         prog="clouseau",
         description="Inspect, compare and draw activation captures; export models to ONNX.",
-        epilog="Exit status: 0 success, 1 diff found a difference, 2 user error.",
+        epilog="Exit status: 0 success, 1 diff found a difference, 2 user error, 130 interrupted.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

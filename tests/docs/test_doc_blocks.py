@@ -9,6 +9,7 @@ console block is run there too, and its output must be the one the page shows.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,9 @@ def test_block_runs(
     page = _page(block, tmp_path_factory)
     if page.failed:
         pytest.fail(f"not run: an earlier block of the page failed ({page.failed})")
-    cwd = Path.cwd()
+    cwd, tmp = Path.cwd(), tempfile.tempdir
     os.chdir(page.directory)
+    tempfile.tempdir = str(page.directory)  # the examples' mkdtemp() too
     try:
         if block.kind == CONSOLE:
             _run_console(block, capsys)
@@ -59,6 +61,7 @@ def test_block_runs(
         raise
     finally:
         os.chdir(cwd)
+        tempfile.tempdir = tmp
 
 
 def _run_console(block: Block, capsys: pytest.CaptureFixture[str]) -> None:
