@@ -207,3 +207,26 @@ def test_ctrl_c_prints_one_line(
     monkeypatch.setattr("clouseau.store.load", interrupted)
     assert main(["show", places["cap"]]) == 130
     assert capsys.readouterr().err == "interrupted\n"
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("raise RuntimeError('broken\\nmodule')", "error: RuntimeError: broken module"),
+        ("make = 3", "error: clouseau cannot trace a int: pass a torch.nn.Module"),
+        ("def make():\n    return object()", "error: clouseau cannot trace a object"),
+        ("import no_such_module_here", "error: ModuleNotFoundError:"),
+    ],
+)
+def test_a_broken_model_file_is_one_error_line(
+    source: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "broken.py"
+    model.write_text(source + "\n")
+    assert (
+        main(["export-onnx", f"{model}:make", "--input", "2,8", "-o", str(tmp_path / "m.onnx")])
+        == 2
+    )
+    out, err = capsys.readouterr()
+    assert err.startswith(message) and "Traceback" not in err and out == ""
+    assert not (tmp_path / "m.onnx").exists()
