@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -42,3 +43,23 @@ def test_the_errors_page_quotes_real_cli_lines(capsys: pytest.CaptureFixture[str
         in capsys.readouterr().err
     )
     assert "the directory '/nonexistent/dir' of ... does not exist; create it first" in page
+
+
+def test_the_resnet_names_on_the_names_page() -> None:
+    torchvision = pytest.importorskip("torchvision")
+    import torch
+
+    import clouseau
+
+    found = re.search(r"ResNet the names are\s+`([^`]+)`", _page("names.md"))
+    if not found:
+        pytest.skip("names.md no longer lists the ResNet names")
+    names = clouseau.trace(torchvision.models.resnet18().eval(), torch.randn(1, 3, 64, 64)).names()
+    shown = [n.strip() for n in " ".join(found.group(1).split()).split(",")]
+    # The list elides runs with "...": each shown name is a point, in execution order.
+    listed = [n for n in shown if n != "..."]
+    assert [n for n in names if n in listed] == listed
+    assert shown[0] == names[0] and shown[-1] == names[-1]
+    for a, b in itertools.pairwise(shown):  # no "..." between: next to each other
+        if "..." not in (a, b):
+            assert names.index(b) == names.index(a) + 1, (a, b)
