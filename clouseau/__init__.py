@@ -43,3 +43,19 @@ __all__ = [
     "trace",
     "zero",
 ]
+
+# Subpackages reachable as attributes after ``import clouseau`` (``clouseau.inspector.tail``),
+# imported on first access so that ``import clouseau`` imports no framework.
+_SUBMODULES = frozenset({"capture", "cli", "exporters", "inspector", "ir", "store"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"clouseau.{name}")
+    raise AttributeError(f"module 'clouseau' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SUBMODULES})
