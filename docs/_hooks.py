@@ -2,6 +2,8 @@
 
 ``<!-- cli-help: show -->`` on a line of its own becomes the ``clouseau show --help``
 text, as the installed command prints it (``<!-- cli-help: -->`` for ``clouseau --help``).
+After the build, the explorer's pages of the quickstart model (``examples/explore.py``) are
+written beside ``explorer.md``'s page, which embeds them.
 """
 
 from __future__ import annotations
@@ -29,6 +31,24 @@ def cli_help(command: str) -> str:
             os.environ.pop("COLUMNS")
         else:
             os.environ["COLUMNS"] = saved
+
+
+def on_post_build(config: Any, **_: Any) -> None:
+    import shutil
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    try:
+        from explore import write_reports
+    finally:
+        sys.path.pop(0)
+    out = Path(config["site_dir"]) / "explorer"
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:  # the captures stay out of the site
+        for page in write_reports(Path(work)):
+            shutil.copyfile(page, out / page.name)
 
 
 def on_page_markdown(markdown: str, **_: Any) -> str:

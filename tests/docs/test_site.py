@@ -62,3 +62,11 @@ def test_the_cli_reference_holds_the_generated_help(site: Path) -> None:
     for command in ("show", "diff", "draw", "export-onnx"):
         assert f"usage: clouseau {command}" in text
     assert "--width N" in cli_help("show") and "--width N" in text
+
+
+def test_the_explorer_page_embeds_the_quickstart_reports(site: Path) -> None:
+    page = (site / "explorer" / "index.html").read_text()
+    assert '<iframe src="report.html"' in page
+    for report in ("report.html", "diff.html"):
+        html = (site / "explorer" / report).read_text()
+        assert "quickstart ResNet" in html and "layer2.0.conv2" in html
