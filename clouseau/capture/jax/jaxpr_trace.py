@@ -447,9 +447,10 @@ def _inputs_message(model: Any, parts: Split, err: BaseException) -> str:
 
 
 def _user_frame_of(err: BaseException) -> traceback.FrameSummary | None:
-    frames = traceback.extract_tb(err.__traceback__)
+    """The innermost user frame of ``err``'s traceback, else the user's call (the stack)."""
     stdlib = sysconfig.get_paths()["stdlib"]
-    for frame in reversed(frames):
-        if not _compat.is_library_file(frame.filename) and not frame.filename.startswith(stdlib):
-            return frame
+    for frames in (traceback.extract_tb(err.__traceback__), traceback.extract_stack()):
+        for frame in reversed(frames):
+            if not (_compat.is_library_file(frame.filename) or frame.filename.startswith(stdlib)):
+                return frame
     return None

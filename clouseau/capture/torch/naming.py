@@ -66,14 +66,17 @@ def is_leaf_class(cls: type) -> bool:
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_CLOUSEAU_CAPTURE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# All of clouseau, not only capture/: a frame of clouseau/api.py is not the user's line.
+_CLOUSEAU_DIR = (
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+)
 _STDLIB_DIR = sysconfig.get_paths()["stdlib"] + os.sep
 
 
 def is_user_file(filename: str) -> bool:
     """Whether a frame in ``filename`` belongs to the user (not torch, clouseau or stdlib)."""
     return not (
-        filename.startswith((_TORCH_DIR, _CLOUSEAU_CAPTURE_DIR, _STDLIB_DIR))
+        filename.startswith((_TORCH_DIR, _CLOUSEAU_DIR, _STDLIB_DIR))
         or filename.startswith("<")  # fx-generated code, <string>, <frozen ...>
     )
 
