@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
+from quickstart_torch import ResNet  # the script's folder is on sys.path when run as a script
 
 import clouseau
-
-sys.path.insert(0, str(Path(__file__).parent))
-from quickstart_torch import ResNet
 
 
 def write_reports(out: Path) -> tuple[Path, Path]:

@@ -9,6 +9,7 @@ console block is run there too, and its output must be the one the page shows.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -48,9 +49,11 @@ def test_block_runs(
     page = _page(block, tmp_path_factory)
     if page.failed:
         pytest.fail(f"not run: an earlier block of the page failed ({page.failed})")
-    cwd, tmp = Path.cwd(), tempfile.tempdir
+    cwd, tmp, argv = Path.cwd(), tempfile.tempdir, sys.argv
     os.chdir(page.directory)
     tempfile.tempdir = str(page.directory)  # the examples' mkdtemp() too
+    # As `python examples/x.py` would: no arguments, the script's folder importable.
+    sys.argv, sys.path[:0] = [block.where], [str(ROOT / "examples")]
     try:
         if block.kind == CONSOLE:
             _run_console(block, capsys)
@@ -61,7 +64,8 @@ def test_block_runs(
         raise
     finally:
         os.chdir(cwd)
-        tempfile.tempdir = tmp
+        tempfile.tempdir, sys.argv = tmp, argv
+        sys.path.remove(str(ROOT / "examples"))
 
 
 def _run_console(block: Block, capsys: pytest.CaptureFixture[str]) -> None:
