@@ -225,7 +225,7 @@ class LazyArray:
             i = int(key) + n if key < 0 else int(key)
             if not 0 <= i < n:
                 raise IndexError(f"index {key} is out of range for {n} rows")
-            out = self.column.slice(i, i + 1)[0]
+            return self.column.slice(i, i + 1)[0][rest]
         elif isinstance(key, slice):
             start, stop, step = key.indices(n)
             out = (
@@ -235,7 +235,7 @@ class LazyArray:
             )
         else:
             out = self.column.take(np.asarray(key) % max(n, 1))
-        return out[rest] if rest else out
+        return out[(slice(None), *rest)] if rest else out
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = self.column.slice(0, len(self.column))
