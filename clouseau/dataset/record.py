@@ -126,6 +126,8 @@ def record(
     if on_error not in ("stop", "skip"):
         raise ValueError(f"on_error must be 'stop' or 'skip'; got {on_error!r}")
     check_select(select)
+    if select is None:
+        raise ValueError("select=None records nothing; select points, e.g. select='h.*'")
     _max_bytes(max_size_mb)
     _check_pattern(filename_pattern)
     layout = Layout.make(rows, mask, fields)
