@@ -24,8 +24,8 @@ from clouseau.store.capture import Capture, Record, encode_record, tensor_key
 from clouseau.store.safetensors_io import dtype_code, storable, write_file
 from clouseau.store.writer import FORMAT, GRAPH_PATTERN
 
-# What the record loop hands the sink per saved value before it is buffered: (name, array)
-# -> the arrays to store under that call (the rows layout replaces one by its rows).
+# Applied to each saved value as it arrives: (name, array) -> the array to store (the rows
+# layout turns a [batch, seq, ...] value into its unmasked rows).
 Shaper = Callable[[str, np.ndarray], np.ndarray]
 
 

@@ -140,16 +140,43 @@ def test_torch_dataset_in_a_dataloader_with_workers(tokens):
     assert len(rows) == len(set(rows)) == len(ds)
 
 
-def test_batches_of_changing_shape_retrace(tmp_path):
-    data = [torch.randn(b, 8) for b in (3, 5, 3)] + [torch.randn(2, 8, dtype=torch.float64)]
-    model = MLP()
-    model_double = MLP().double()
-    cap = clouseau.record(model, data[:3], select="fc1", path=tmp_path / "a", progress=False)
+def test_batches_of_changing_shape_or_dtype_retrace(tmp_path):
+    model = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Tanh())
+    data = [torch.randn(3, 8), torch.randn(5, 8), torch.randn(3, 8, dtype=torch.float64)]
+    cap = clouseau.record(model, data, select="0", path=tmp_path / "a", progress=False)
+    assert len(cap.graphs) == 3
     with torch.no_grad():
-        for k, x in enumerate(data[:3]):
-            np.testing.assert_array_equal(cap.get("fc1", call=k), model.fc1(x).numpy())
-    cap = clouseau.record(model_double, data[3:], select="fc1", path=tmp_path / "b", progress=False)
-    assert cap.get("fc1", call=0).dtype == np.float64
+        for k, x in enumerate(data):
+            got = cap.get("0", call=k)
+            assert got.dtype == x.numpy().dtype
+            np.testing.assert_array_equal(got, model[0](x).numpy())
+
+
+def test_hugging_face_dataset_through_a_collating_loader(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rng = np.random.default_rng(0)
+    texts = [rng.integers(1, 50, size=rng.integers(1, 7)).tolist() for _ in range(30)]
+    ds = datasets.Dataset.from_dict({"ids": texts})
+
+    def collate(samples):
+        width = max(len(s["ids"]) for s in samples)
+        ids = torch.zeros(len(samples), width, dtype=torch.long)
+        mask = torch.zeros(len(samples), width, dtype=torch.long)
+        for i, s in enumerate(samples):
+            ids[i, : len(s["ids"])] = torch.tensor(s["ids"])
+            mask[i, : len(s["ids"])] = 1
+        return {"ids": ids, "mask": mask}
+
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, collate_fn=collate)
+    cap = clouseau.record(
+        Tokens(), loader, select="proj", path=tmp_path / "hf", rows=True, mask="mask",
+        fields=["ids"], progress=False,
+    )  # fmt: skip
+    got = {(int(s), int(p)): int(i) for s, p, i in zip(
+        cap.array("sample")[:], cap.array("position")[:], cap.array("ids")[:], strict=True
+    )}  # fmt: skip
+    assert got == {(s, p): t for s, text in enumerate(texts) for p, t in enumerate(text)}
+    assert [(b.start, b.stop) for b in cap.batches] == [(0, 8), (8, 16), (16, 24), (24, 30)]
 
 
 def test_progress_line_only_on_a_terminal(tmp_path, capsys):
