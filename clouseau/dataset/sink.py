@@ -114,7 +114,9 @@ class BatchSink:
     def put_field(self, name: str, array: np.ndarray) -> None:
         """Store a per-row field (token ids, sample, position) in the running batch."""
         with self._lock:
-            self._add((name,), "field", self.batch, 0, array, (), len(self.pending))
+            # A copy: the array may view the batch's memory, which a loader may reuse.
+            owned = np.array(array, copy=True)
+            self._add((name,), "field", self.batch, 0, owned, (), len(self.pending))
 
     def end_call(self, call: int) -> None:
         pass
