@@ -326,8 +326,9 @@ class _Recorder:
         with contextlib.suppress(BaseException):
             self._flush()
             self._write_progress(done=False)
+        kept = f"batches 0..{self.written - 1} are" if self.written else "no batch is"
         where = (
-            f"batches 0..{self.written - 1} are recorded in {self.root}; "
+            f"{kept} recorded in {self.root}; "
             f"clouseau.record(..., resume=True) continues from batch {self.written}"
         )
         if isinstance(err, CaptureError) and not str(err).startswith("cannot resume"):
