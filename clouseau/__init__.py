@@ -10,6 +10,7 @@ drop-in model that writes those activations to safetensors::
 """
 
 from clouseau.api import diff, draw, explore, export_onnx, instrument, trace
+from clouseau.dataset import record
 from clouseau.ir.actions import add, clamp, mean_ablate, noise, patch, replace, scale, zero
 from clouseau.ir.errors import CaptureError, ClouseauError, SelectionError, TraceError
 from clouseau.ir.graph import Graph, Point
@@ -38,6 +39,7 @@ __all__ = [
     "mean_ablate",
     "noise",
     "patch",
+    "record",
     "replace",
     "scale",
     "trace",

@@ -12,7 +12,7 @@ import clouseau
 
 PUBLIC = {
     "Capture", "CaptureError", "ClouseauError", "Graph", "Point", "SelectionError", "Selector",
-    "TraceError", "diff", "draw", "export_onnx", "instrument", "load", "trace",
+    "TraceError", "diff", "draw", "export_onnx", "instrument", "load", "record", "trace",
     # the HTML explorer (DESIGN.md round 2, docs/explorer.md)
     "explore",
     # interventions (docs/interventions.md)
