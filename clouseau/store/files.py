@@ -72,10 +72,12 @@ def read_json(path: Path, limit: int = MAX_JSON_BYTES) -> Any:
     fd = open_regular(path)
     try:
         with os.fdopen(fd, "rb") as f:
-            raw = f.read(limit + 1)
+            # The size first: a huge (or sparse) file is refused without reading it.
+            size = os.fstat(f.fileno()).st_size
+            raw = f.read(limit + 1) if size <= limit else b""
     except OSError as err:
         raise CaptureError(f"cannot read {path}: {err.strerror or err}") from None
-    if len(raw) > limit:
+    if size > limit or len(raw) > limit:
         raise CaptureError(
             f"{path} is damaged: larger than {limit // 2**20} MiB, which no file clouseau "
             "writes reaches"

@@ -23,6 +23,7 @@ from clouseau.ir.verify import verify
 from clouseau.store.capture import Capture, Entry, Record
 from clouseau.store.directory import FORMAT, GRAPH_PATTERN, STATUS_FILE, graph_id, read_status
 from clouseau.store.files import read_json
+from clouseau.store.graphcheck import check_types
 from clouseau.store.safetensors_io import TensorEntry, read_array, read_header
 
 # What parsing damaged JSON into the IR may raise; each becomes a CaptureError.
@@ -293,13 +294,32 @@ def _records(file: Path, metadata: dict[str, str]) -> list[Record]:
         ) from None
 
 
+def graph_of(path: Path) -> Graph:
+    """The graph to draw for a capture directory (its first graph) or a graph JSON file."""
+    if path.is_dir():
+        file = path / GRAPH_PATTERN.format(0)
+        if not os.path.lexists(file):
+            raise CaptureError(
+                f"{path} holds no {file.name}: it is not a clouseau capture directory (or the "
+                "model was never called). Pass the directory given to clouseau.instrument(path=...)"
+            )
+        return read_graph(file)
+    if path.suffix == ".json" and path.exists():
+        return read_graph(path.resolve())  # a link the user names is theirs to follow
+    raise CaptureError(
+        f"{path} does not exist; pass a capture directory, a Graph or an instrumented model"
+    )
+
+
 def read_graph(file: Path) -> Graph:
     """The IR stored in ``file``, checked by the verifier; one CaptureError if damaged."""
     data = read_json(file)
     try:
         if not isinstance(data, dict):
             raise TypeError("not a JSON object")
-        return verify(Graph.from_json(data))
+        graph = Graph.from_json(data)
+        check_types(graph)
+        return verify(graph)
     except ClouseauError as err:
         raise CaptureError(f"{file} is damaged ({err})") from None
     except _PARSE_ERRORS as err:
