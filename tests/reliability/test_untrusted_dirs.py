@@ -119,7 +119,7 @@ def test_show_and_diff_print_no_control_characters(
     assert cli.main(["show", str(tmp_path / "a"), "--select", "\x1b[2Jnothing"]) == 2
     out, err = capsys.readouterr()
     for text in (out, err):
-        assert not any(ord(c) < 32 and c != "\n" or 0x7F <= ord(c) < 0xA0 for c in text)
+        assert not any((ord(c) < 32 and c != "\n") or 0x7F <= ord(c) < 0xA0 for c in text)
         assert "\u202e" not in text
     assert "\\x1b[2J\\x1b]0;pwned\\x07relu" in out and "x\\u202eyz" in out
     assert "\\x1b[31mred" in out and "\\x1b[2Jnothing" in err
@@ -184,7 +184,7 @@ def test_a_missing_file_in_the_middle_is_reported(tmp_path: Path) -> None:
     assert loaded.damaged == {
         "activations-002.safetensors": "missing: status.json lists it as written"
     }
-    with pytest.raises(CaptureError, match="activations-002.safetensors: missing"):
+    with pytest.raises(CaptureError, match=r"activations-002\.safetensors: missing"):
         load(cap, strict=True)
 
 
