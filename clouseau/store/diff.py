@@ -171,7 +171,7 @@ def array_stats(array: np.ndarray) -> ArrayStats:
     return acc.stats(int(flat.size))
 
 
-_CHUNK = 2**20  # elements per chunk of array_stats: 8 MiB as float64
+_CHUNK = 2**18  # elements per chunk of array_stats: 2 MiB as float64
 
 
 class _Moments:

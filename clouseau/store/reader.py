@@ -189,6 +189,9 @@ class _Scan:
         failed = _int_keyed(status.get("failed_calls"))
         partial = _partial_calls(self.files, status, failed)
         calls = status.get("calls")
+        if type(calls) is int and entries:
+            # The status lags the files by up to flush_s: a call on disk was made.
+            calls = max(calls, max(e.record.call for e in entries) + 1)
         return Capture(
             entries,
             self.graph_tuple,

@@ -187,6 +187,7 @@ class _Core:
         self._done: set[int] = set()
         self._lost: dict[int, str] = {}
         self._status_at = 0.0
+        self._status_lock = threading.Lock()
         self._error: BaseException | None = None
         self._unwritten: set[int] = set()  # the calls of files that failed to be written
         self._cv = threading.Condition()
@@ -436,20 +437,21 @@ class _Core:
                 with self._cv:
                     self._job = None
                     self._cv.notify_all()
+            self._write_status()
 
     def _tick(self) -> None:
         """An idle writer thread writes a buffer older than ``flush_s``, and the status."""
-        if not self._calls.lock.acquire(timeout=0.05):
-            return  # a caller holds it; its own put checks the buffer's age
-        try:
-            if self._calls.closed or self._forked:
-                return
-            if self._buffer and time.monotonic() - self._buffer_since > self.flush_s:
-                self._submit()
-            else:
-                self._write_status()
-        finally:
-            self._calls.lock.release()
+        if self._calls.closed or self._forked:
+            return
+        old = self._buffer and time.monotonic() - self._buffer_since > self.flush_s
+        # A caller that holds the lock checks the buffer's age in its own put.
+        if old and self._calls.lock.acquire(timeout=0.05):
+            try:
+                if not self._calls.closed:
+                    self._submit()
+            finally:
+                self._calls.lock.release()
+        self._write_status()
 
     def _failed(self, err: BaseException, job: _Job | None) -> None:
         # Either thread; the first error is the one reported, every failed job's calls
@@ -465,6 +467,8 @@ class _Core:
             return
         err = self._error
         with self._cv:
+            while self._job is not None:  # a file handed over fails (or not) first
+                self._cv.wait()
             lost = self._unwritten | self._buffer_calls
         if lost - self._lost.keys():
             reason = f"not on disk: writing the capture failed ({err})"
@@ -482,27 +486,34 @@ class _Core:
         raise CaptureError(self._calls.stopped) from err
 
     def _write_status(self, force: bool = False) -> None:
-        """Rewrite status.json (at most every ``flush_s`` seconds unless ``force``)."""
-        now = time.monotonic()
-        if not (self._started and (force or now - self._status_at > self.flush_s)):
+        """Rewrite status.json (at most every ``flush_s`` seconds unless ``force``).
+
+        Either thread, without the calls lock: every field is read through one C-level
+        copy (atomic under the GIL), and the status lock orders the writes.
+        """
+        if not self._started:
             return
-        self._status_at = now
-        calls = self._calls
-        status = {
-            "format": FORMAT,
-            "calls": calls.next_call,
-            "closed": calls.closed,
-            "failed_calls": {str(k): v for k, v in sorted(calls.failed.items())},
-            "lost_calls": {str(k): v for k, v in sorted(self._lost.items())},
-            "files": list(self._written),
-            "done": sorted(self._done | self._done_pending),
-            "pid": os.getpid(),
-        }
-        try:
-            write_json(self.path / STATUS_FILE, status, replace=True)
-        except OSError as err:
-            if self._error is None:
-                self._error = CaptureError(f"cannot write {STATUS_FILE}: {err.strerror or err}")
+        with self._status_lock:
+            now = time.monotonic()
+            if not force and now - self._status_at <= self.flush_s:
+                return
+            self._status_at = now
+            calls = self._calls
+            status = {
+                "format": FORMAT,
+                "calls": calls.next_call,
+                "closed": calls.closed,
+                "failed_calls": {str(k): v for k, v in sorted(dict(calls.failed).items())},
+                "lost_calls": {str(k): v for k, v in sorted(dict(self._lost).items())},
+                "files": list(self._written),
+                "done": sorted(self._done | self._done_pending),
+                "pid": os.getpid(),
+            }
+            try:
+                write_json(self.path / STATUS_FILE, status, replace=True)
+            except OSError as err:
+                if self._error is None:
+                    self._error = CaptureError(f"cannot write {STATUS_FILE}: {err.strerror or err}")
 
 
 def _metadata(records: str, open_calls: Sequence[int], done: Sequence[int]) -> dict[str, str]:
