@@ -163,3 +163,25 @@ def test_a_forked_child_never_touches_the_parents_capture(tmp_path: Path, busy: 
     assert "child exit 0" in out and "closed after child: False" in out
     cap = load(tmp_path)
     assert cap.calls == (0, 1, 2, 3) and cap.complete
+
+
+def test_two_instrumented_models_on_the_default_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Item 3, through the public API: the second model on the default .clouseau replaced
+    # the first one's 300 calls, every time.
+    import torch
+
+    import clouseau
+
+    monkeypatch.chdir(tmp_path)
+    first = clouseau.instrument(torch.nn.Linear(4, 2))
+    xs = [torch.randn(1, 4) for _ in range(300)]
+    for x in xs:
+        first(x)
+    with pytest.raises(CaptureError, match=r"\.clouseau is being written by another instrumented"):
+        clouseau.instrument(torch.nn.Linear(4, 2))
+    first.close()
+    cap = clouseau.load(".clouseau")
+    assert cap.calls == tuple(range(300)) and cap.complete
+    np.testing.assert_array_equal(cap.get("input", call=299), xs[299].numpy())
