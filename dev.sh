@@ -7,6 +7,8 @@
 #   ./dev.sh test     set up, then run the whole test suite (extra args go to pytest)
 #   ./dev.sh bench    set up, then run the benchmarks and write bench/RESULTS.md
 #   ./dev.sh lint     set up, then ruff format --check and ruff check
+#   ./dev.sh docs     set up, then build the docs site into site/ (mkdocs build --strict);
+#                     ./dev.sh docs serve serves it with live reload
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
@@ -37,19 +39,28 @@ setup_chromium() {
   fi
 }
 
+# Install clouseau[$1] with the pins, only when the pins or the package metadata changed
+# since the last install of these extras (its stamp file is older than them). The build
+# backend's deprecation warnings are not ours to act on: they are silenced.
+install_extras() {
+  local stamp="$VENV/.clouseau-installed${2:-}"
+  if [ -f "$stamp" ] && [ ! constraints.txt -nt "$stamp" ] && [ ! pyproject.toml -nt "$stamp" ]; then
+    return 0
+  fi
+  echo "==> installing clouseau[$1] with the pins of constraints.txt"
+  PYTHONWARNINGS=ignore "$VENV/bin/python" -m pip install -q --upgrade pip &&
+    PYTHONWARNINGS=ignore "$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[$1]"
+  local status=$?
+  touch "$stamp"  # a failed optional install is not retried until the pins change
+  return $status
+}
+
 setup_venv() {
-  local stamp="$VENV/.clouseau-installed"
   if [ ! -x "$VENV/bin/python" ]; then
     echo "==> creating $VENV with $($PYTHON --version)"
     "$PYTHON" -m venv "$VENV"
   fi
-  # Reinstall only when the pins or the package metadata changed.
-  if [ ! -f "$stamp" ] || [ constraints.txt -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    echo "==> installing clouseau[dev] with the pins of constraints.txt"
-    "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q -c constraints.txt -e '.[dev]'
-    touch "$stamp"
-  fi
+  install_extras dev || { rm -f "$VENV/.clouseau-installed"; exit 1; }
 }
 
 setup() { setup_dot; setup_venv; }
@@ -63,9 +74,17 @@ case "$cmd" in
   bench)
     setup
     # TorchLens, for the comparison against it (optional: skipped when it cannot install).
-    "$VENV/bin/python" -m pip install -q -c constraints.txt -e '.[dev,bench]' ||
+    install_extras dev,bench -bench ||
       echo "warning: TorchLens did not install; its comparison is skipped" >&2
     "$VENV/bin/python" -m bench "$@" ;;
   lint) setup; "$VENV/bin/ruff" format --check . && "$VENV/bin/ruff" check . ;;
-  *) sed -n '2,12p' "$0"; exit 2 ;;
+  docs)
+    setup
+    export NO_MKDOCS_2_WARNING=1  # Material's banner about its successor, on every build
+    if [ "${1:-}" = serve ]; then
+      shift; "$VENV/bin/mkdocs" serve "$@"
+    else
+      "$VENV/bin/mkdocs" build --strict "$@"
+    fi ;;
+  *) sed -n '2,11p' "$0"; exit 2 ;;
 esac

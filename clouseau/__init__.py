@@ -9,7 +9,7 @@ drop-in model that writes those activations to safetensors::
     cap = clouseau.load(".clouseau")
 """
 
-from clouseau.api import diff, draw, export_onnx, instrument, trace
+from clouseau.api import diff, draw, explore, export_onnx, instrument, trace
 from clouseau.ir.actions import add, clamp, mean_ablate, noise, patch, replace, scale, zero
 from clouseau.ir.errors import CaptureError, ClouseauError, SelectionError, TraceError
 from clouseau.ir.graph import Graph, Point
@@ -31,6 +31,7 @@ __all__ = [
     "clamp",
     "diff",
     "draw",
+    "explore",
     "export_onnx",
     "instrument",
     "load",
@@ -42,3 +43,19 @@ __all__ = [
     "trace",
     "zero",
 ]
+
+# Subpackages reachable as attributes after ``import clouseau`` (``clouseau.inspector.tail``),
+# imported on first access so that ``import clouseau`` imports no framework.
+_SUBMODULES = frozenset({"capture", "cli", "exporters", "inspector", "ir", "store"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"clouseau.{name}")
+    raise AttributeError(f"module 'clouseau' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SUBMODULES})

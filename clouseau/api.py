@@ -6,12 +6,17 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from clouseau._explore import explore as _explore
+from clouseau._explore import install_reprs
 from clouseau.capture import frontend_for
 from clouseau.ir.actions import Action
 from clouseau.ir.graph import Graph
 from clouseau.ir.interventions import check_intervene
 from clouseau.ir.selection import SelectLike, check_select
 from clouseau.store import open_sink
+
+# Graph, Capture and DiffResult render as the explorer in notebooks, as tables in rich.
+install_reprs()
 
 DEFAULT_PATH = ".clouseau"
 DEFAULT_PATTERN = "activations-{idx:03d}.safetensors"
@@ -160,3 +165,25 @@ def diff(a: Any, b: Any, **options: Any) -> Any:
     from clouseau.store.diff import diff as _diff
 
     return _diff(a, b, **options)
+
+
+def explore(source: Any, output: str | os.PathLike[str] | None = None, **options: Any) -> Any:
+    """Write an interactive, self-contained HTML explorer of a graph, capture or diff.
+
+    Parameters
+    ----------
+    source
+        A Graph, an instrumented model, a capture directory or Capture, a diff result of
+        two capture directories, or a pair ``(a, b)`` of captures to compare.
+    output
+        The ``.html`` file; ``None`` returns the HTML text.
+    **options
+        ``depth`` (module levels open at first), ``title``, and for a pair ``key_map``,
+        ``rtol``, ``atol``. See docs/explorer.md.
+
+    Returns
+    -------
+    Path or str
+        The written file, or the page when ``output`` is None.
+    """
+    return _explore(source, output, **options)

@@ -1,16 +1,14 @@
-"""The ``clouseau`` command: show, diff and draw captures; export models to ONNX.
+"""The ``clouseau`` command: show, diff, draw and explore captures; export models to ONNX.
 
-Exit status: 0 on success, 1 when ``diff`` finds a difference, 2 on a user error (bad
-path, not a capture, no shared names, graphviz missing). User errors print one message,
-never a traceback.
+Exit status: 0 on success, 1 when ``diff`` finds a difference, 2 on a user error (a
+malformed argument, a bad path, not a capture, no shared names, graphviz missing), 130
+when interrupted (Ctrl-C). Errors print one message, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
-import importlib
-import importlib.util
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,10 +20,16 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from clouseau import _cli_args as types
+from clouseau._cli_args import StrictParser, one_line, parse_input
+from clouseau._cli_export import cmd_export, load_factory, make_inputs
 from clouseau._cli_text import markup, printable
 from clouseau.ir.errors import ClouseauError
 
+__all__ = ["load_factory", "main", "make_inputs", "parse_input"]
+
 EXIT_OK, EXIT_DIFFERS, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130  # the shell's status for a command ended by Ctrl-C (128 + SIGINT)
 _MAX_ROWS = 60  # above this many rows, diff shows only the points that are not close
 
 _EXPORT_HELP = """\
@@ -37,8 +41,11 @@ either a model object (a torch.nn.Module or an Equinox module) or a class or
 function that builds one when called with no arguments.
 
 Each --input gives the shape of one positional argument, as comma-separated
-sizes with an optional dtype: 2,3,32,32 or 2,16:int64 (float32 by default).
-Example inputs are random (normal for floats, 0..9 for ints) from --seed.
+positive sizes with an optional dtype: 2,3,32,32 or 2,16:int64 (float32 by
+default). The dtypes:
+  {dtypes}.
+Example inputs are random (normal for floats, 0..9 for ints) from --seed. The
+directory of -o must exist.
 
   clouseau export-onnx mypkg.models:make_resnet --input 1,3,224,224 \\
       --select 'layer*.*.relu_1' -o resnet.onnx
@@ -46,10 +53,17 @@ Example inputs are random (normal for floats, 0..9 for ints) from --seed.
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``clouseau`` command with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    """Run the ``clouseau`` command with ``argv`` (default: ``sys.argv[1:]``); return the exit status.
+
+    A malformed argument exits with status 2 and one line on stderr while parsing; an error
+    while the command runs returns 2 after one ``error:`` message; never a traceback.
+    """
     parser = _parser()
-    args = parser.parse_args(argv)
-    console = Console(highlight=False, soft_wrap=True)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # --help (0) or a malformed argument (2, already reported)
+        return done.code if isinstance(done.code, int) else EXIT_USAGE
+    console = Console(highlight=False, soft_wrap=True, width=_width(args))
     errors = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         return int(args.run(args, console))
@@ -57,13 +71,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
         errors.print(f"[bold red]error:[/] {markup(message)}")
         return EXIT_USAGE
+    except Exception as err:  # the user's model code may raise anything
+        errors.print(
+            f"[bold red]error:[/] {markup(type(err).__name__)}: {markup(one_line(str(err)))}"
+        )
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        errors.print("[bold red]interrupted[/]")
+        return EXIT_INTERRUPTED
+
+
+def _width(args: argparse.Namespace) -> int | None:
+    """The output width: ``--width``, else the terminal's, else unlimited (a pipe or a log)."""
+    if getattr(args, "width", None) is not None:
+        return int(args.width)
+    # Rich falls back to 80 columns off a terminal; cutting there would lose data.
+    return None if sys.stdout.isatty() else 100_000
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = StrictParser(
         prog="clouseau",
         description="Inspect, compare and draw activation captures; export models to ONNX.",
-        epilog="Exit status: 0 success, 1 diff found a difference, 2 user error.",
+        epilog="Exit status: 0 success, 1 diff found a difference, 2 user error, 130 interrupted.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -72,10 +102,15 @@ def _parser() -> argparse.ArgumentParser:
         help="print a capture as a module tree",
         description="Print a capture as a tree of modules with shapes, dtypes and statistics; NaN and Inf are flagged.",
     )
-    show.add_argument("path", help="capture directory (or one of its .safetensors files)")
+    show.add_argument(
+        "path",
+        type=types.existing_path,
+        help="capture directory (or one of its .safetensors files)",
+    )
     show.add_argument(
         "--select",
         action="append",
+        type=types.glob,
         metavar="GLOB",
         help="only points matching GLOB (repeatable; '!GLOB' excludes)",
     )
@@ -83,25 +118,29 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument(
         "--values", action="store_true", help="print the leading values of each array"
     )
-    show.add_argument("--call", type=int, metavar="K", help="only call K (default: every call)")
+    show.add_argument(
+        "--call", type=types.count(), metavar="K", help="only call K (default: every call)"
+    )
+    _add_width(show)
     show.set_defaults(run=_cmd_show)
 
     d = sub.add_parser(
         "diff", help="compare two captures point by point",
         description="Compare two captures point by point in execution order. Exits 1 when they differ.",
     )  # fmt: skip
-    d.add_argument("a", help="first capture directory")
-    d.add_argument("b", help="second capture directory")
-    d.add_argument("--key-map", nargs=2, action="append", default=[], metavar=("PATTERN", "REPLACEMENT"),
+    d.add_argument("a", type=types.existing_path, help="first capture directory")
+    d.add_argument("b", type=types.existing_path, help="second capture directory")
+    d.add_argument("--key-map", nargs=2, type=types.regex, action="append", default=[], metavar=("PATTERN", "REPLACEMENT"),
                    help="rewrite names of A with re.sub(PATTERN, REPLACEMENT) before looking them up in B (repeatable, applied in order)")  # fmt: skip
-    d.add_argument("--rtol", type=float, default=None, help="relative tolerance (default 1e-4)")
-    d.add_argument("--atol", type=float, default=None, help="absolute tolerance (default 1e-5)")
+    d.add_argument("--rtol", type=types.tolerance, help="relative tolerance (default 1e-4)")
+    d.add_argument("--atol", type=types.tolerance, help="absolute tolerance (default 1e-5)")
     d.add_argument(
         "--strict",
         action="store_true",
         help="points present on one side only count as a difference",
     )
     d.add_argument("--all", action="store_true", help="list every point, also when there are many")
+    _add_width(d)
     d.set_defaults(run=_cmd_diff)
 
     dr = sub.add_parser(
@@ -109,18 +148,25 @@ def _parser() -> argparse.ArgumentParser:
         help="draw the graph of a capture",
         description="Draw the graph stored in a capture directory (.pdf .svg .png .dot).",
     )
-    dr.add_argument("path", help="capture directory")
+    dr.add_argument("path", type=types.existing_path, help="capture directory")
     dr.add_argument(
         "-o",
         "--output",
+        type=types.draw_output,
         default="graph.pdf",
         help="output file; the suffix picks the format (default graph.pdf)",
     )
     dr.add_argument(
-        "--select", action="append", metavar="GLOB", help="also highlight points matching GLOB"
+        "--select",
+        action="append",
+        type=types.glob,
+        metavar="GLOB",
+        help="also highlight points matching GLOB",
     )
     dr.add_argument(
-        "--depth", type=int, help="collapse modules deeper than DEPTH into single boxes"
+        "--depth",
+        type=types.count(),
+        help="collapse modules deeper than DEPTH into single boxes",
     )
     dr.add_argument(
         "--rollup", action="store_true", help="draw runs of identical blocks once (layer1.* ×2)"
@@ -130,28 +176,47 @@ def _parser() -> argparse.ArgumentParser:
     )
     dr.set_defaults(run=_cmd_draw)
 
+    _add_explore(sub)
+
     ex = sub.add_parser("export-onnx", help="export a model to ONNX with activations as outputs",
-                        description=_EXPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ex.add_argument("model", metavar="MODEL", help="MODULE:ATTR factory spec (see above)")
+                        description=_EXPORT_HELP.format(dtypes=", ".join(types.DTYPES)), formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ex.add_argument(
+        "model", type=types.model_spec, metavar="MODEL", help="MODULE:ATTR factory spec (see above)"
+    )
     ex.add_argument(
         "--input",
         action="append",
+        type=types.input_spec,
         required=True,
         metavar="SHAPE[:DTYPE]",
         help="shape of one input (repeatable)",
     )
     ex.add_argument(
-        "-o", "--output", default="model.onnx", help="the .onnx file (default model.onnx)"
+        "-o",
+        "--output",
+        type=types.onnx_output,
+        default="model.onnx",
+        help="the .onnx file (default model.onnx)",
     )
     ex.add_argument(
         "--select",
         action="append",
+        type=types.glob,
         metavar="GLOB",
         help="activations to export as outputs (repeatable)",
     )
-    ex.add_argument("--seed", type=int, default=0, help="seed of the random example inputs")
-    ex.set_defaults(run=_cmd_export)
+    ex.add_argument("--seed", type=types.seed, default=0, help="seed of the random example inputs")
+    ex.set_defaults(run=cmd_export)
     return parser
+
+
+def _add_width(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--width",
+        type=types.width,
+        metavar="N",
+        help="wrap output at N columns (default: the terminal's width; unlimited in a pipe)",
+    )
 
 
 # -- show -----------------------------------------------------------------------------------
@@ -341,6 +406,7 @@ def _cmd_diff(args: argparse.Namespace, console: Console) -> int:
             justify="right"
             if column in ("#", "call", "max abs", "max rel", "exceeding")
             else "left",
+            overflow="fold",  # a narrow --width wraps a cell, never elides it
         )
     first = result.first_divergence
     for i, r in enumerate(rows):
@@ -396,89 +462,33 @@ def _cmd_draw(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-# -- export-onnx ----------------------------------------------------------------------------
-def _cmd_export(args: argparse.Namespace, console: Console) -> int:
-    from clouseau.api import export_onnx
-
-    model = load_factory(args.model)
-    example = make_inputs(model, [parse_input(s) for s in args.input], args.seed)
-    out = export_onnx(model, example, args.output, select=args.select)
-    console.print(
-        f"wrote {escape(str(out.path))}: inputs {', '.join(out.inputs)}; outputs {escape(', '.join(out.outputs))}"
-    )
-    return EXIT_OK
-
-
-def parse_input(spec: str) -> tuple[tuple[int, ...], str]:
-    """``"2,3,32,32"`` -> ((2, 3, 32, 32), "float32"); ``"2,16:int64"`` -> ((2, 16), "int64")."""
-    shape_text, _, dtype = spec.partition(":")
-    try:
-        shape = tuple(int(d) for d in shape_text.replace("x", ",").split(",") if d.strip())
-    except ValueError:
-        raise ValueError(
-            f"--input {spec!r}: expected comma-separated sizes with an optional :dtype, e.g. 2,3,32,32 or 2,16:int64"
-        ) from None
-    return shape, dtype or "float32"
-
-
-def load_factory(spec: str) -> Any:
-    """The model named by ``MODULE:ATTR``; a class or function there is called with no arguments."""
-    import inspect
-
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(
-            f"MODEL {spec!r} must be MODULE:ATTR, e.g. mypkg.models:make_model or models.py:Net"
-        )
-    if module_name.endswith(".py") or "/" in module_name:
-        path = Path(module_name)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist")
-        loader_spec = importlib.util.spec_from_file_location(path.stem, path)
-        assert loader_spec is not None and loader_spec.loader is not None
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[path.stem] = module
-        loader_spec.loader.exec_module(module)
-    else:
-        sys.path.insert(0, str(Path.cwd()))
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            raise ValueError(
-                f"cannot import {module_name!r} ({err}); run from the directory that holds it or give a .py path"
-            ) from None
-        finally:
-            sys.path.pop(0)
-    target = module
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            raise ValueError(f"{module_name} has no attribute {attr!r}")
-        target = getattr(target, part)
-    return target() if inspect.isclass(target) or inspect.isfunction(target) else target
-
-
-def make_inputs(model: Any, specs: list[tuple[tuple[int, ...], str]], seed: int) -> tuple[Any, ...]:
-    """Random example inputs of the given shapes, as tensors of the model's framework."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(model, torch.nn.Module):
-        gen = torch.Generator().manual_seed(seed)
-        out = []
-        for shape, dtype in specs:
-            tdtype = getattr(torch, dtype)
-            if tdtype.is_floating_point:
-                out.append(torch.randn(shape, generator=gen, dtype=tdtype))
-            else:
-                out.append(torch.randint(0, 10, shape, generator=gen, dtype=tdtype))
-        return tuple(out)
-    import jax
-    import jax.numpy as jnp
-
-    keys = jax.random.split(jax.random.PRNGKey(seed), len(specs))
-    return tuple(
-        jax.random.normal(k, shape, jnp.dtype(dtype)) if jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
-        else jax.random.randint(k, shape, 0, 10, jnp.dtype(dtype))
-        for k, (shape, dtype) in zip(keys, specs, strict=True)
+# -- explore --------------------------------------------------------------------------------
+def _add_explore(sub: Any) -> None:
+    ex = sub.add_parser(
+        "explore", help="write an interactive HTML explorer of a capture (or of a diff of two)",
+        description="Write one self-contained HTML page (no network, no server) of the graph "
+        "stored in a capture directory, with per-call statistics of every saved point; given "
+        "two directories, of their diff, the first divergence highlighted.",
     )  # fmt: skip
+    ex.add_argument("path", type=types.existing_path, help="capture directory")
+    ex.add_argument("other", nargs="?", type=types.existing_path, help="second capture directory: explore the diff")  # fmt: skip
+    ex.add_argument("-o", "--output", type=types.html_output, default="report.html", help="the .html file (default report.html)")  # fmt: skip
+    ex.add_argument("--depth", type=types.count(), help="module levels open when the page opens")
+    ex.add_argument("--rtol", type=types.tolerance, default=None, help="relative tolerance of the diff")  # fmt: skip
+    ex.add_argument("--atol", type=types.tolerance, default=None, help="absolute tolerance of the diff")  # fmt: skip
+    ex.set_defaults(run=_cmd_explore)
+
+
+def _cmd_explore(args: argparse.Namespace, console: Console) -> int:
+    from clouseau._explore import explore
+
+    options = {k: v for k, v in (("rtol", args.rtol), ("atol", args.atol)) if v is not None}
+    if options and args.other is None:
+        raise ValueError("--rtol and --atol apply to a diff: give a second capture directory")
+    source = args.path if args.other is None else (args.path, args.other)
+    out = explore(source, args.output, depth=args.depth, **options)
+    console.print(f"wrote {escape(str(out))}")
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -50,8 +50,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Where :func:`tail` writes when no path is given (relative to the working directory).
 DEFAULT_PATH = Path(".clouseau")
+"""Where ``tail`` writes when no ``path`` is given (relative to the working directory)."""
 DEFAULT_PATTERN = "activations-{idx:03d}.safetensors"
 
 AnyModel = Any

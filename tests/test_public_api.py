@@ -13,6 +13,8 @@ import clouseau
 PUBLIC = {
     "Capture", "CaptureError", "ClouseauError", "Graph", "Point", "SelectionError", "Selector",
     "TraceError", "diff", "draw", "export_onnx", "instrument", "load", "trace",
+    # the HTML explorer (DESIGN.md round 2, docs/explorer.md)
+    "explore",
     # interventions (docs/interventions.md)
     "add", "clamp", "mean_ablate", "noise", "patch", "replace", "scale", "zero",
 }  # fmt: skip
@@ -110,3 +112,28 @@ def test_frontends_and_exporters_do_not_import_each_other():
             others = {f"clouseau.{o}" for o in layers - {layer}}
             bad = {m for m in _imports(path) if any(m.startswith(o) for o in others)}
             assert not bad, f"{path} imports {bad}"
+
+
+def test_subpackages_are_attributes_imported_on_first_use():
+    # TraceError's fix names clouseau.capture.torch.mark_leaf: it must work as written.
+    code = textwrap.dedent(
+        """
+        import sys, clouseau
+        frameworks = lambda: {'torch', 'jax'} & set(sys.modules)
+        assert not frameworks()
+        assert callable(clouseau.inspector.tail) and callable(clouseau.store.load)
+        assert clouseau.ir.Graph is clouseau.Graph and callable(clouseau.cli.main)
+        assert not frameworks(), frameworks()
+        assert callable(clouseau.capture.torch.mark_leaf) and frameworks() == {'torch'}
+        assert callable(clouseau.capture.jax.trace)
+        assert {'inspector', 'capture', 'store'} <= set(dir(clouseau))
+        try:
+            clouseau.nothing
+        except AttributeError as err:
+            assert "has no attribute 'nothing'" in str(err)
+        print('ok')
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

@@ -66,3 +66,11 @@ def _load(name: str, extra: str) -> ModuleType:
     import importlib
 
     return importlib.import_module(f"clouseau.capture.{name}")
+
+
+def __getattr__(name: str) -> ModuleType:
+    # ``clouseau.capture.torch.mark_leaf`` (named in TraceError's fix) works after a plain
+    # ``import clouseau``; the framework is imported on this first access, not before.
+    if name in ("torch", "jax"):
+        return _load(name, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

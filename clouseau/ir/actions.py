@@ -165,9 +165,16 @@ def _checked(new: Any, old: Any) -> Any:
 def _read(capture: Any, names: tuple[str, ...], call: AttrValue) -> Any:
     for name in names:
         if name in capture:
-            if call is None:
-                return capture[name]
-            return capture.get(name, call=call)
+            if call is not None:
+                return capture.get(name, call=call)
+            # A Capture stacks several calls on a new first axis: patching needs one call.
+            calls = capture.calls_of(name) if hasattr(capture, "calls_of") else (0,)
+            if len(calls) > 1:
+                raise SelectionError(
+                    f"patch: the capture holds {name!r} from {len(calls)} calls "
+                    f"{list(calls)[:5]}; pick one with patch(capture, call=k)"
+                )
+            return capture[name]
     raise SelectionError(
         f"patch: the capture holds none of {list(names)}; it has {list(capture)[:10]}... "
         "(save the point in the capture you patch from, or pass patch(capture, name=...))"

@@ -30,6 +30,8 @@ class DType(enum.Enum):
     INT16 = "int16"
     INT32 = "int32"
     INT64 = "int64"
+    FLOAT8_E4M3FN = "float8_e4m3fn"
+    FLOAT8_E5M2 = "float8_e5m2"
     FLOAT16 = "float16"
     BFLOAT16 = "bfloat16"
     FLOAT32 = "float32"
@@ -48,13 +50,15 @@ class DType(enum.Enum):
 
 
 _ITEMSIZE = {
-    DType.BOOL: 1, DType.UINT8: 1, DType.INT8: 1, DType.UINT16: 2, DType.INT16: 2,
+    DType.BOOL: 1, DType.UINT8: 1, DType.INT8: 1, DType.FLOAT8_E4M3FN: 1, DType.FLOAT8_E5M2: 1,
+    DType.UINT16: 2, DType.INT16: 2,
     DType.FLOAT16: 2, DType.BFLOAT16: 2, DType.UINT32: 4, DType.INT32: 4, DType.FLOAT32: 4,
     DType.UINT64: 8, DType.INT64: 8, DType.FLOAT64: 8, DType.COMPLEX64: 8, DType.COMPLEX128: 16,
 }  # fmt: skip
 _SHORT = {
     DType.BOOL: "b1", DType.UINT8: "u8", DType.UINT16: "u16", DType.UINT32: "u32",
-    DType.UINT64: "u64", DType.INT8: "i8", DType.INT16: "i16", DType.INT32: "i32",
+    DType.UINT64: "u64", DType.INT8: "i8", DType.FLOAT8_E4M3FN: "f8e4m3",
+    DType.FLOAT8_E5M2: "f8e5m2", DType.INT16: "i16", DType.INT32: "i32",
     DType.INT64: "i64", DType.FLOAT16: "f16", DType.BFLOAT16: "bf16", DType.FLOAT32: "f32",
     DType.FLOAT64: "f64", DType.COMPLEX64: "c64", DType.COMPLEX128: "c128",
 }  # fmt: skip
@@ -108,6 +112,11 @@ class NodeKind(enum.Enum):
     SAVE_GRAD = "save_grad"
     OUTPUT = "output"
 
+
+#: A node attribute: the node's value changes between iterations of a loop (a loop carry,
+#: a slice, a loop's results) or between calls (state the model assigns: a BatchNorm
+#: statistic, an RNG counter), so what is computed from it is an activation.
+VARIES = "varies"
 
 # Nodes that rewrite passes add: none of them is a point a user can select.
 INSTRUMENTATION = frozenset({NodeKind.SAVE, NodeKind.INTERVENE, NodeKind.SAVE_GRAD})
@@ -264,12 +273,15 @@ class Graph:
         Parameters, buffers and literals (CONSTANT nodes), and values computed from them
         alone (a transposed weight, a mask built from constants), are not points: they are
         the model's state, not its activations, and would be written again on every call.
+        An op marked :data:`VARIES` (a loop carry) and what is computed from it, or from a
+        constant marked :data:`VARIES` (state the call assigns), are points whatever their
+        inputs: they change between iterations or calls.
         """
         found: list[Point] = []
         for node in self.nodes:
             if node.kind in INSTRUMENTATION or node.kind is NodeKind.OUTPUT:
                 continue
-            if node.name in self._static:
+            if node.kind is NodeKind.CONSTANT or node.name in self._static:
                 continue
             for i, spec in enumerate(node.outputs):
                 if isinstance(spec, TensorSpec):
@@ -284,6 +296,8 @@ class Graph:
         """Nodes that depend on no input: constants and what is computed from them only."""
         static: set[str] = set()
         for node in self.nodes:
+            if node.attr(VARIES, False):
+                continue
             if node.kind is NodeKind.CONSTANT or (
                 node.kind is NodeKind.OP and all(r.node in static for r in node.inputs)
             ):

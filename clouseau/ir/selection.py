@@ -73,6 +73,7 @@ class Selector:
 
     @staticmethod
     def all() -> Selector:
+        """Every point (as the glob ``"*"``)."""
         return Selector(lambda p: True, "all")
 
 

@@ -95,7 +95,7 @@ def encode_record(record: Record) -> str:
 
 
 class AmbiguousPointError(ClouseauError, KeyError):
-    """A name was captured in several calls; ``cap.get(name, call=k)`` says which one."""
+    """A name's calls cannot be stacked (their shapes differ); ``cap.get(name, call=k)`` picks one."""
 
     def __str__(self) -> str:
         # KeyError would show the repr of the message, quotes and escapes included.
@@ -111,11 +111,19 @@ class Entry:
 
 
 class Capture(Mapping[str, np.ndarray]):
-    """The activations of one capture, by point name.
+    """The activations of one capture: a Mapping of point name -> numpy array.
 
-    ``cap[name]`` is the array of a name captured in a single call (stacked over loop
-    iterations when captured inside ``scan``); ``cap.get(name, call=k)`` picks a call and
-    ``cap.all_calls(name)`` returns one array per call. Iteration follows execution order.
+    Iteration yields every point name in execution order (as ``names()``), and
+    ``cap[name]`` is its value, so ``dict(cap)``, ``cap.values()`` and ``cap.items()``
+    work for any capture:
+
+    - a name captured in one call: its array (stacked over loop iterations, first axis,
+      when captured inside ``scan``);
+    - a name captured in several calls: those calls' arrays stacked along a new first
+      axis, in call order (``cap[name][i]`` is ``cap.all_calls(name)[i]``; the calls are
+      ``cap.calls_of(name)``). When the calls' shapes differ (a last, smaller batch) they
+      cannot be stacked: ``AmbiguousPointError`` (a ``KeyError``) names the fix,
+      ``cap.get(name, call=k)`` or ``cap.all_calls(name)``.
 
     Attributes
     ----------
@@ -207,8 +215,8 @@ class Capture(Mapping[str, np.ndarray]):
         return name in self._by_name
 
     def __getitem__(self, name: str) -> np.ndarray:
-        """The array of ``name``; AmbiguousPointError if it was captured in several calls."""
-        return _stack(self._single_call(name, self._entries_for(name)))
+        """The array of ``name``; its calls stacked along a new first axis if several."""
+        return self._value(name, self._entries_for(name))
 
     def get(  # type: ignore[override]
         self,
@@ -227,8 +235,8 @@ class Capture(Mapping[str, np.ndarray]):
         default
             Returned when ``name`` (in ``call``, at ``index``) was not captured.
         call
-            The call index (``calls`` lists them); required when ``name`` was captured in
-            several calls, else AmbiguousPointError.
+            The call index (``calls`` lists them); without it, a name captured in several
+            calls has them stacked along a new first axis, as ``cap[name]``.
         index
             The loop iteration (an int, or a tuple for nested loops) of a value saved inside
             ``scan``; without it such values come stacked.
@@ -238,15 +246,15 @@ class Capture(Mapping[str, np.ndarray]):
         numpy.ndarray or default
         """
         if call is None:
-            entries = self._single_call(name, self._by_name.get(name, []))
-        else:
+            entries = self._by_name.get(name, [])
+        else:  # one lookup: show and diff call this for every point of every call
             entries = self._by_name_call.get((name, call), [])
         if index is not None:
             wanted = (index,) if isinstance(index, int) else tuple(index)
             entries = [e for e in entries if e.record.index == wanted]
             if len(entries) == 1:
                 return entries[0].load()
-        return _stack(entries) if entries else default
+        return self._value(name, entries) if entries else default
 
     def all_calls(self, name: str) -> list[np.ndarray]:
         """The arrays of ``name``, one per call that captured it, in call order."""
@@ -254,15 +262,26 @@ class Capture(Mapping[str, np.ndarray]):
         calls = sorted({e.record.call for e in entries})
         return [_stack(self._by_name_call[name, c]) for c in calls]
 
-    def _single_call(self, name: str, entries: list[Entry]) -> list[Entry]:
-        calls = {e.record.call for e in entries}
-        if len(calls) > 1:
+    def calls_of(self, name: str) -> tuple[int, ...]:
+        """The calls that captured ``name``, in order: the first axis of a stacked ``cap[name]``."""
+        return tuple(sorted({e.record.call for e in self._entries_for(name)}))
+
+    def _value(self, name: str, entries: list[Entry]) -> np.ndarray:
+        by_call: dict[int, list[Entry]] = {}  # one pass: linear in calls
+        for entry in entries:
+            by_call.setdefault(entry.record.call, []).append(entry)
+        calls = sorted(by_call)
+        if len(calls) == 1:
+            return _stack(entries)
+        arrays = [_stack(by_call[c]) for c in calls]
+        if len({(a.shape, a.dtype) for a in arrays}) > 1:
+            shapes = ", ".join(sorted({str(a.shape) for a in arrays}))
             raise AmbiguousPointError(
-                f"{name!r} was captured in {len(calls)} calls ({_span(calls)}); "
-                f"pick one with cap.get({name!r}, call=k), or take them all with "
-                f"cap.all_calls({name!r})"
+                f"{name!r} was captured in {len(calls)} calls ({_span(set(calls))}) with "
+                f"different shapes ({shapes}), which do not stack; pick one with "
+                f"cap.get({name!r}, call=k), or take them all with cap.all_calls({name!r})"
             )
-        return entries
+        return np.stack(arrays)
 
     def _entries_for(self, name: str) -> list[Entry]:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -176,3 +177,16 @@ def test_overlapping_patterns_with_equal_actions_are_one_intervention():
         "intervene.layer1.0.relu",
         "intervene.layer1.0.relu_1",
     ]
+
+
+def test_patch_from_a_capture_of_several_calls_needs_a_call(tmp_path: Path) -> None:
+    # cap[name] stacks several calls on a new first axis; a patch must not take that stack.
+    from clouseau.ir.graph import DType, TensorSpec
+    from tests.cli.test_diff import write_capture
+
+    cap = clouseau.load(write_capture(tmp_path / "c", [{"fc": np.zeros(3)}, {"fc": np.ones(3)}]))
+    spec = TensorSpec((3,), DType.FLOAT64)
+    with pytest.raises(SelectionError, match=r"from 2 calls \[0, 1\]; pick one with patch"):
+        clouseau.patch(cap).bind(("fc",), spec)
+    one = clouseau.patch(cap, call=1).bind(("fc",), spec)
+    np.testing.assert_array_equal(one.apply(np.zeros(3), NumpyOps()), np.ones(3))

@@ -356,22 +356,43 @@ def test_capture_api(tmp_path: Path) -> None:
     assert cap["nest"][1, 2, 0] == 12
     with pytest.raises(KeyError, match="closest: fc"):
         cap["fcc"]
-    from clouseau.ir.errors import ClouseauError
-    from clouseau.store import AmbiguousPointError
 
-    with pytest.raises(AmbiguousPointError) as info:
-        cap["fc"]
-    assert isinstance(info.value, KeyError) and isinstance(info.value, ClouseauError)
-    assert str(info.value) == (
-        "'fc' was captured in 2 calls (0, 1); pick one with cap.get('fc', call=k), "
-        "or take them all with cap.all_calls('fc')"
-    )
-    with pytest.raises(AmbiguousPointError):
-        cap.get("fc")
+    # A name of several calls maps to its calls stacked along a new first axis.
+    assert cap.calls_of("fc") == (0, 1) and cap.calls_of("relu") == (0,)
+    assert same(cap["fc"], np.stack(cap.all_calls("fc"))) and same(cap.get("fc"), cap["fc"])
+    assert same(cap["fc"][1], cap.get("fc", call=1))
+    # So the Mapping protocol holds for a capture of several calls.
+    assert list(dict(cap)) == list(cap.names()) == [k for k, _ in cap.items()]
+    assert all(same(v, cap[k]) for k, v in zip(cap.keys(), cap.values(), strict=True))
+    assert same(cap.get("body"), cap.get("body", call=1))
     assert repr(cap) == f"<Capture at {tmp_path}: 5 points, 2 call(s)>"
     # A single file of the capture loads on its own, with the directory's graph.
     single = load(capture_files(tmp_path)[0])
     assert single.calls == (0, 1) and single.graph is not None
+
+
+def test_calls_of_different_shapes_do_not_stack(tmp_path: Path) -> None:
+    from clouseau.ir.errors import ClouseauError
+    from clouseau.store import AmbiguousPointError
+
+    sink = DirectorySink(tmp_path)
+    graph_id = sink.add_graph(small_graph())
+    for size in (4, 4, 1):  # a last, smaller batch
+        call = sink.begin_call()
+        sink.put(call, graph_id, [value("fc", np.arange(size, dtype=np.float32))])
+        sink.end_call(call)
+    sink.close()
+    cap = load(tmp_path)
+    with pytest.raises(AmbiguousPointError) as info:
+        cap["fc"]
+    assert isinstance(info.value, KeyError) and isinstance(info.value, ClouseauError)
+    assert str(info.value) == (
+        "'fc' was captured in 3 calls (0, 1, 2) with different shapes ((1,), (4,)), which do "
+        "not stack; pick one with cap.get('fc', call=k), or take them all with "
+        "cap.all_calls('fc')"
+    )
+    assert [a.shape for a in cap.all_calls("fc")] == [(4,), (4,), (1,)]
+    assert same(cap.get("fc", call=2), np.arange(1, dtype=np.float32))
 
 
 def test_flush_makes_files_durable_and_capture_reads_them(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from clouseau.capture.jax.jaxpr_trace import FN_MARK, MODULE_MARK, Traced
 from clouseau.capture.jax.naming import Namer, clean, join
 from clouseau.capture.jax.rerun import CUSTOM
 from clouseau.ir.graph import (
+    VARIES,
     DType,
     Frontend,
     Graph,
@@ -40,6 +41,13 @@ from clouseau.ir.graph import (
     TensorSpec,
 )
 from clouseau.ir.verify import verify
+
+# jax.nn activations that JAX inlines to one primitive, named as the function.
+_ACTIVATION_PRIMITIVES = {"logistic": "sigmoid"}
+
+# Loop carries, slices and results change between iterations, state the call assigns
+# between calls: what is computed from them is a point whatever else it reads.
+_VARIES = ((VARIES, True),)
 
 FLATTENED = frozenset({"jit", "pjit", "scan", "remat2", "checkpoint", "remat"})
 
@@ -62,7 +70,10 @@ def build_graph(traced: Traced) -> Graph:
         zip(closed.jaxpr.invars, traced.in_names, traced.in_is_param, strict=True)
     ):
         kind, op = (NodeKind.CONSTANT, "param") if is_param else (NodeKind.INPUT, "input")
-        in_refs.append(builder.add(name, kind, op, (), (var,), Scope(), f"in{index}", exact=True))
+        attrs = _VARIES if index in traced.state else ()
+        in_refs.append(
+            builder.add(name, kind, op, (), (var,), Scope(), f"in{index}", attrs=attrs, exact=True)
+        )
     const_refs = [
         builder.add("const", NodeKind.CONSTANT, "const", (), (v,), Scope(), f"c{i}")
         for i, v in enumerate(closed.jaxpr.constvars)
@@ -173,10 +184,12 @@ class _Builder:
             name = str(eqn.params.get("name", "jit"))
             inner = eqn.params["jaxpr"]
             if name.startswith(MODULE_MARK):
-                entry = self.traced.modules[int(name[len(MODULE_MARK) :])]
+                index, mark = name[len(MODULE_MARK) :].split("_")
+                entry = self.traced.modules[int(index)]
                 sub = Scope(entry.path, entry.type_name, entry.path)
                 outs = self._sub(inner.jaxpr, inner.consts, inputs, key, sub)
-                self._alias_outputs(outs, entry.path)
+                # The module's outputs; after them, the state it assigns (not its output).
+                self._alias_outputs(outs[: len(outs) - self.traced.marks[int(mark)]], entry.path)
                 return outs
             if name.startswith(FN_MARK):
                 return self._opaque(name[len(FN_MARK) :], eqn, key, refs, local)
@@ -197,7 +210,7 @@ class _Builder:
             return self._while(eqn, key, inputs, local)
         if prim in CUSTOM:
             return self._custom(eqn, key, inputs, local)
-        return self._opaque(prim, eqn, key, refs, local)
+        return self._opaque(_ACTIVATION_PRIMITIVES.get(prim, prim), eqn, key, refs, local)
 
     def _custom(
         self, eqn: Any, key: str, inputs: list[Ref | None], scope: Scope
@@ -265,7 +278,7 @@ class _Builder:
             inner_refs.append(self._body_input(base, op, inputs[i], var, sub, f"{key}/in{i}"))
         self._sub(body.jaxpr, body.consts, inner_refs, key, sub)
         attrs = (("length", int(params["length"])), ("reverse", bool(params["reverse"])))
-        return self._control(name, "scan", eqn, key, inputs, scope, attrs)
+        return self._control(name, "scan", eqn, key, inputs, scope, (*attrs, *_VARIES))
 
     def _cond(self, eqn: Any, key: str, inputs: list[Ref | None], scope: Scope) -> list[Ref | None]:
         branches = eqn.params["branches"]
@@ -290,13 +303,14 @@ class _Builder:
                 self._body_input("carry", "while_carry", outer, var, sub, f"{key}/body/in{i}")
             )
         self._sub(body.jaxpr, body.consts, inner_refs, f"{key}/body", sub)
-        return self._control(name, "while", eqn, key, inputs, scope, ())
+        return self._control(name, "while", eqn, key, inputs, scope, _VARIES)
 
     def _body_input(
         self, base: str, op: str, outer: Ref | None, var: Any, scope: Scope, key: str
     ) -> Ref:
         """A value entering a loop body each iteration (a carry or a slice)."""
-        return self.add(base, NodeKind.OP, op, (outer,) if outer else (), (var,), scope, key)
+        inputs = (outer,) if outer else ()
+        return self.add(base, NodeKind.OP, op, inputs, (var,), scope, key, attrs=_VARIES)
 
     def _control(
         self,

@@ -5,8 +5,14 @@ with ``__call__``) is called through a ``jax.jit`` named ``__clouseau_module_<i>
 every :data:`~clouseau.capture.jax.naming.ACTIVATIONS` function of ``jax.nn`` through one
 named ``__clouseau_fn_<name>``. The marked jit equations give the exact output values of
 each module and activation; :mod:`clouseau.capture.jax.build` turns them into names.
-The markers are patched in for the duration of one trace (class ``__call__`` and ``jax.nn``
-attributes) under a lock, and always restored.
+The markers are patched in for the duration of one trace (class ``__call__``, ``jax.nn``
+attributes, and the code of the activations JAX inlines: :mod:`.activations`) under a
+lock, and always restored.
+
+What a call assigns to the model's state (Flax NNX ``Variable`` s) leaves the jaxpr, and
+each module marker, as outputs after the real ones, and is assigned back outside
+(:mod:`.state`): ``Traced.state`` says which leaves, ``Traced.marks`` how many outputs of
+each marker (``__clouseau_module_<i>_<call>``) are state.
 
 A module or activation that the model itself calls under ``jax.vmap`` (Equinox's
 ``MultiheadAttention`` vmaps its projections) has its outputs pinned batch axis first
@@ -21,7 +27,7 @@ import inspect
 import sysconfig
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +37,7 @@ import jax
 import numpy as np
 
 from clouseau.capture._arguments import check_arguments
-from clouseau.capture.jax import _compat, vmap_pin
+from clouseau.capture.jax import _compat, activations, state, vmap_pin
 from clouseau.capture.jax.naming import ACTIVATIONS, join, key_name, path_name
 from clouseau.ir.errors import ClouseauError, TraceError
 
@@ -62,6 +68,17 @@ class Traced:
     root_type: str
     out: Split  # the output's structure and static leaves (array leaves dropped)
     name: str
+    # The jaxpr's outputs are the output's arrays, then the new values of the array
+    # leaves of (model, args, kwargs) at these positions: the state the call assigns.
+    state: tuple[int, ...] = ()
+    # Per module marker call (the c of its name): how many of its outputs are state.
+    marks: tuple[int, ...] = ()
+
+    def outputs(self, tree: Any, values: Sequence[Any]) -> Any:
+        """The model's output from the jaxpr's outputs, writing the state into ``tree``."""
+        n = len(values) - len(self.state)
+        state.write_back(tree, self.state, values[n:])
+        return self.out.merge(values[:n])
 
 
 @dataclass(frozen=True)
@@ -118,17 +135,21 @@ def trace_jaxpr(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tr
         )
     in_names, in_is_param = _input_names(model, args, kwargs)
     modules: list[ModuleEntry] = []
+    marks: list[int] = []
     out_store: dict[str, Any] = {}
 
     def traced(*arrays: Any) -> list[Any]:
         m, a, k = parts.merge(arrays)
-        m = _swap_activation_leaves(m)
-        registry, objects = _find_modules(m, modules)
-        with _markers(registry, objects), vmap_pin.root(arrays):
-            out = m(*a, **k)
+        tree = (_swap_activation_leaves(m), a, k)
+        before = state.snapshot(tree)
+        registry, objects = _find_modules(tree[0], modules)
+        marks.clear()
+        with _markers(_Marking(registry, objects, modules, marks)), vmap_pin.root(arrays):
+            out = tree[0](*a, **k)
+        changed = state.changes(tree, before)
         out_parts = split(out)
-        out_store["out"] = out_parts
-        return list(out_parts.arrays)
+        out_store["out"], out_store["state"] = out_parts, changed
+        return [*out_parts.arrays, *state.carried(tree, changed)]
 
     try:
         avals = [jax.ShapeDtypeStruct(np.shape(a), jax.numpy.result_type(a)) for a in parts.arrays]
@@ -146,6 +167,7 @@ def trace_jaxpr(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tr
         # The model's own error on these inputs (shapes, dtypes): say where and with what.
         raise TraceError(_inputs_message(model, parts, err)) from err
     out_parts: Split = out_store["out"]
+    state.refuse_shared((model, args, kwargs), out_store["state"])
     return Traced(
         jaxpr=closed,
         in_names=in_names,
@@ -154,7 +176,19 @@ def trace_jaxpr(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tr
         root_type=type(model).__name__,
         out=out_parts.static(),
         name=getattr(model, "__name__", type(model).__name__),
+        state=out_store["state"],
+        marks=tuple(marks),
     )
+
+
+@dataclass(frozen=True)
+class _Marking:
+    """The module markers of one trace: submodule ids, their entries, state per call."""
+
+    registry: dict[int, int]  # id(submodule) -> index into modules
+    objects: list[Any]  # keeps the ids valid during the trace
+    modules: list[ModuleEntry]
+    marks: list[int]  # per marker call: the number of its outputs that are state
 
 
 def _input_names(
@@ -223,44 +257,65 @@ def _find_modules(model: Any, found: list[ModuleEntry]) -> tuple[dict[int, int],
     return registry, objects
 
 
-def _swap_activation_leaves(model: Any) -> Any:
-    wrapped = {
-        id(getattr(jax.nn, n)): _activation_wrapper(n, getattr(jax.nn, n))
+def _structured() -> dict[str, Callable[..., Any]]:
+    """The activations JAX leaves structure for (jit, custom_jvp): ``jax.nn`` name -> function.
+
+    The plain ones (gelu, softmax) are marked by identity (:mod:`.activations`).
+    """
+    return {
+        n: getattr(jax.nn, n)
         for n in ACTIVATIONS
-        if hasattr(jax.nn, n)
+        if hasattr(jax.nn, n) and getattr(jax.nn, n) not in activations.PLAIN.values()
     }
+
+
+_STRUCTURED = _structured()
+
+
+def _swap_activation_leaves(model: Any) -> Any:
+    wrapped = {id(fn): _activation_wrapper(fn) for fn in _STRUCTURED.values()}
     return jax.tree_util.tree_map(lambda x: wrapped.get(id(x), x) if callable(x) else x, model)
 
 
-def _activation_wrapper(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _activation_wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
+    # Named by the function, not the attribute: jax.nn.swish is silu.
+    name = getattr(fn, "__name__", "activation")
+
     def activation(*args: Any, **kwargs: Any) -> Any:
-        if getattr(_local, "in_activation", False):
-            return fn(*args, **kwargs)
-        _local.in_activation = True
-        try:
-            return call_marked(FN_MARK + name, fn, args, kwargs)
-        finally:
-            _local.in_activation = False
+        return _mark_activation(name, fn, args, kwargs)
 
     activation.__name__ = name
     activation.__wrapped__ = fn  # type: ignore[attr-defined]
     return activation
 
 
+def _mark_activation(
+    name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    if getattr(_local, "in_activation", False):
+        return fn(*args, **kwargs)
+    _local.in_activation = True
+    try:
+        return call_marked(FN_MARK + name, fn, args, kwargs)
+    finally:
+        _local.in_activation = False
+
+
 @contextmanager
-def _markers(registry: dict[int, int], objects: list[Any]) -> Iterator[None]:
-    """Patch module classes' ``__call__`` and ``jax.nn`` activations for one trace."""
+def _markers(marking: _Marking) -> Iterator[None]:
+    """Patch module classes' ``__call__`` and mark ``jax.nn`` activations for one trace."""
     with _PATCH_LOCK:
-        classes = {type(obj) for obj in objects}
+        classes = {type(obj) for obj in marking.objects}
         saved_calls = {cls: cls.__dict__.get("__call__") for cls in classes}
         originals = {cls: cls.__call__ for cls in classes}
-        saved_nn = {n: getattr(jax.nn, n) for n in ACTIVATIONS if hasattr(jax.nn, n)}
+        saved_nn = _STRUCTURED
         try:
             for cls in classes:
-                cls.__call__ = _module_wrapper(originals[cls], registry, objects)  # type: ignore[method-assign]
+                cls.__call__ = _module_wrapper(originals[cls], marking)  # type: ignore[method-assign]
             for n, fn in saved_nn.items():
-                setattr(jax.nn, n, _activation_wrapper(n, fn))
-            yield
+                setattr(jax.nn, n, _activation_wrapper(fn))
+            with activations.swapped(_mark_activation):
+                yield
         finally:
             for n, fn in saved_nn.items():
                 setattr(jax.nn, n, fn)
@@ -271,13 +326,16 @@ def _markers(registry: dict[int, int], objects: list[Any]) -> Iterator[None]:
                     cls.__call__ = own  # type: ignore[method-assign]
 
 
-def _module_wrapper(
-    original: Callable[..., Any], registry: dict[int, int], objects: list[Any]
-) -> Callable[..., Any]:
+def _module_wrapper(original: Callable[..., Any], marking: _Marking) -> Callable[..., Any]:
+    registry, objects = marking.registry, marking.objects
+
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         index = registry.get(id(self))
         if index is None or getattr(_local, "in_activation", False):
             return original(self, *args, **kwargs)
+        mark = len(marking.marks)
+        marking.marks.append(0)
+        found: dict[str, tuple[int, ...]] = {}
 
         def rebuilt(new_self: Any, *a: Any, **k: Any) -> Any:
             # Inside the marker jit the module is rebuilt from traced leaves: its
@@ -286,9 +344,19 @@ def _module_wrapper(
                 if id(old) in registry:
                     registry[id(new)] = registry[id(old)]
                     objects.append(new)
-            return original(new_self, *a, **k)
+            tree = (new_self, a, k)
+            before = state.snapshot(tree)
+            out = original(new_self, *a, **k)
+            # What the module assigns (BatchNorm statistics, an Rngs count) leaves the
+            # marker as outputs after the module's own, to be assigned outside it.
+            found["state"] = changed = state.changes(tree, before, marking.modules[index].path)
+            marking.marks[mark] = len(changed)
+            return out, state.carried(tree, changed)
 
-        return call_marked(f"{MODULE_MARK}{index}", rebuilt, (self, *args), kwargs)
+        name = f"{MODULE_MARK}{index}_{mark}"
+        out, values = call_marked(name, rebuilt, (self, *args), kwargs)
+        state.write_back((self, args, kwargs), found["state"], values)
+        return out
 
     return __call__
 
@@ -379,9 +447,10 @@ def _inputs_message(model: Any, parts: Split, err: BaseException) -> str:
 
 
 def _user_frame_of(err: BaseException) -> traceback.FrameSummary | None:
-    frames = traceback.extract_tb(err.__traceback__)
+    """The innermost user frame of ``err``'s traceback, else the user's call (the stack)."""
     stdlib = sysconfig.get_paths()["stdlib"]
-    for frame in reversed(frames):
-        if not _compat.is_library_file(frame.filename) and not frame.filename.startswith(stdlib):
-            return frame
+    for frames in (traceback.extract_tb(err.__traceback__), traceback.extract_stack()):
+        for frame in reversed(frames):
+            if not (_compat.is_library_file(frame.filename) or frame.filename.startswith(stdlib)):
+                return frame
     return None

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from clouseau.capture._session import CaptureSession
-from clouseau.capture.jax import _compat, host
+from clouseau.capture.jax import _compat, host, state
 from clouseau.capture.jax.build import build_graph
 from clouseau.capture.jax.intervene import grad_emitting, intervention_rewrites
 from clouseau.capture.jax.jaxpr_trace import Split, Traced, signature, split, trace_jaxpr
@@ -43,23 +43,28 @@ class _Plain:
     """The model of one input signature under ``jax.jit``, on its array leaves."""
 
     run: Any
-    out: dict[str, Split]  # the output's split, set when ``run`` is traced
+    out: dict[str, Any]  # the output's split and the state positions, set when traced
 
     @staticmethod
     def of(parts: Split) -> _Plain:
-        out: dict[str, Split] = {}
+        out: dict[str, Any] = {}
 
         def flat(*arrays: Any) -> tuple[Any, ...]:
-            model, args, kwargs = parts.merge(arrays)
+            tree = parts.merge(arrays)
+            before = state.snapshot(tree)
+            model, args, kwargs = tree
             parts_out = split(model(*args, **kwargs))
+            out["state"] = changed = state.changes(tree, before)
             out["out"] = parts_out.static()
-            return parts_out.arrays
+            return (*parts_out.arrays, *state.carried(tree, changed))
 
         return _Plain(jax.jit(flat), out)
 
-    def __call__(self, arrays: tuple[Any, ...]) -> Any:
+    def __call__(self, tree: Any, arrays: tuple[Any, ...]) -> Any:
         results = self.run(*arrays)
-        return self.out["out"].merge(results)
+        n = len(results) - len(self.out["state"])
+        state.write_back(tree, self.out["state"], results[n:])
+        return self.out["out"].merge(results[:n])
 
 
 class Core:
@@ -86,7 +91,7 @@ class Core:
             if any(map(_compat.is_tracer, parts.arrays)):
                 return model(*args, **kwargs)  # already inside the user's transformation
             # Called directly: compiled, as the saving path is, not op by op.
-            return self._plain(parts)(parts.arrays)
+            return self._plain(parts)((model, args, kwargs), parts.arrays)
         entry = self.entry(parts, model, args, kwargs)
         arrays = parts.arrays
         if any(_compat.is_tracer(a) for a in arrays):
@@ -95,7 +100,7 @@ class Core:
             # The call is numbered before the model runs, so a run that raises is kept in
             # failed_calls (with why) and the calls keep the order they were made in.
             outs = self._collect(entry.lowered, arrays)
-        return entry.traced.out.merge(outs)
+        return entry.traced.outputs((model, args, kwargs), outs)
 
     def _collect(self, lowered: Lowered, arrays: tuple[Any, ...]) -> list[Any]:
         call = self.sink.begin_call()

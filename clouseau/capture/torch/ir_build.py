@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import re
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -13,10 +11,11 @@ import torch
 import torch.fx as fx
 
 from clouseau.capture._arguments import check_arguments
+from clouseau.capture.torch._quiet import quiet_export
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.export_trace import trace_export
 from clouseau.capture.torch.fx_trace import trace_fx
-from clouseau.capture.torch.naming import source_from_exception
+from clouseau.capture.torch.naming import source_from_exception, source_from_stack
 from clouseau.capture.torch.probe import Probe, probe
 from clouseau.capture.torch.traced import NodeInfo, Traced
 from clouseau.ir.errors import TraceError
@@ -72,7 +71,7 @@ def _trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> T
         facts = probe(traced.gm, model, traced.to_inputs(args, kwargs))
     except Exception as fx_error:
         try:
-            with _quiet_export_logs():
+            with quiet_export():
                 traced = trace_export(model, args, kwargs)
             traced = replace(traced, meta=(("fx_error", _first_line(fx_error)),))
             facts = probe(traced.gm, model, traced.to_inputs(args, kwargs))
@@ -179,7 +178,12 @@ def _first_line(error: BaseException) -> str:
 def _both_failed(
     model: torch.nn.Module, fx_error: BaseException, export_error: BaseException
 ) -> str:
-    where = source_from_exception(fx_error) or source_from_exception(export_error)
+    # No frame of the user's in the tracebacks (a torch module fails): the user's call.
+    where = (
+        source_from_exception(fx_error)
+        or source_from_exception(export_error)
+        or source_from_stack()
+    )
     at = f" at {where.file}:{where.line} ({where.code})" if where else ""
     return (
         f"cannot trace {type(model).__name__}{at}.\n"
@@ -226,6 +230,7 @@ def _inputs_rejected(
         (info.source if info else None)
         or source_from_exception(fx_error)
         or source_from_exception(export_error)
+        or source_from_stack()
     )
     at = f" at {where.file}:{where.line} ({where.code})" if where else ""
     return (
@@ -237,21 +242,3 @@ def _inputs_rejected(
         "weights expect); each new input signature is traced anew and earlier calls are "
         "kept. If the model itself runs on these inputs, please report a clouseau bug."
     )
-
-
-@contextmanager
-def _quiet_export_logs() -> Iterator[None]:
-    # The fallback's failures are summed up in the TraceError; torch's own warnings
-    # (graph dumps, fake-tensor tracebacks) would bury it. Under TRACE_LOCK: no race.
-    loggers = [
-        logging.getLogger(name)
-        for name in ("torch.fx.experimental.symbolic_shapes", "torch._subclasses.fake_tensor")
-    ]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)

@@ -231,15 +231,23 @@ def _key(value: Any) -> Hashable:
     return ("V", type(value), value)
 
 
+_BITS = {
+    torch.bfloat16: (torch.int16, ml_dtypes.bfloat16),
+    torch.float8_e4m3fn: (torch.uint8, ml_dtypes.float8_e4m3fn),
+    torch.float8_e5m2: (torch.uint8, ml_dtypes.float8_e5m2),
+}
+
+
 def to_numpy(t: torch.Tensor, *, copy: bool = True) -> np.ndarray:
     """A host array with the dtype, shape and values of ``t`` (C-contiguous).
 
     With ``copy=False`` a CPU tensor's memory is shared, not copied: only for tensors
     nothing else can write to once the call returns (see ``SaveTarget.host_copy``).
     """
-    if t.dtype is torch.bfloat16:  # numpy has no bfloat16: through int16 bits
+    if t.dtype in _BITS:  # numpy has no bfloat16 nor float8: through integer bits
+        bits, dtype = _BITS[t.dtype]
         t = t.detach().resolve_conj().resolve_neg()
-        array = t.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        array = t.cpu().view(bits).numpy().view(dtype)
     else:
         # detach().cpu().resolve_conj().resolve_neg().numpy() in one call (a third faster).
         array = t.numpy(force=True)

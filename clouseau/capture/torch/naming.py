@@ -66,14 +66,17 @@ def is_leaf_class(cls: type) -> bool:
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_CLOUSEAU_CAPTURE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# All of clouseau, not only capture/: a frame of clouseau/api.py is not the user's line.
+_CLOUSEAU_DIR = (
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+)
 _STDLIB_DIR = sysconfig.get_paths()["stdlib"] + os.sep
 
 
 def is_user_file(filename: str) -> bool:
     """Whether a frame in ``filename`` belongs to the user (not torch, clouseau or stdlib)."""
     return not (
-        filename.startswith((_TORCH_DIR, _CLOUSEAU_CAPTURE_DIR, _STDLIB_DIR))
+        filename.startswith((_TORCH_DIR, _CLOUSEAU_DIR, _STDLIB_DIR))
         or filename.startswith("<")  # fx-generated code, <string>, <frozen ...>
     )
 
@@ -176,12 +179,13 @@ _DTYPES = {
     torch.float16: DType.FLOAT16, torch.bfloat16: DType.BFLOAT16, torch.float32: DType.FLOAT32,
     torch.float64: DType.FLOAT64, torch.complex64: DType.COMPLEX64,
     torch.complex128: DType.COMPLEX128, torch.uint16: DType.UINT16, torch.uint32: DType.UINT32,
-    torch.uint64: DType.UINT64,
+    torch.uint64: DType.UINT64, torch.float8_e4m3fn: DType.FLOAT8_E4M3FN,
+    torch.float8_e5m2: DType.FLOAT8_E5M2,
 }  # fmt: skip
 
 
 def spec_of(value: Any) -> Spec:
-    """The IR spec of a runtime value; tensors of dtypes the IR lacks (fp8) are opaque."""
+    """The IR spec of a runtime value; tensors of dtypes the IR lacks are opaque."""
     if isinstance(value, torch.Tensor):
         dtype = _DTYPES.get(value.dtype)
         if dtype is not None and not value.is_sparse and not value.is_quantized:
