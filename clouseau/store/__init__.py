@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 
 from clouseau.store.capture import AmbiguousPointError, Capture, Record
+from clouseau.store.directory_sink import DEFAULT_PATTERN, DirectorySink
+from clouseau.store.memory import MemorySink
 from clouseau.store.reader import DamagedCaptureWarning, load
-from clouseau.store.writer import DEFAULT_PATTERN, DirectorySink, MemorySink
 
 
 def open_sink(

@@ -204,9 +204,9 @@ def test_every_later_name_is_checked_at_its_write(
 ) -> None:
     # Item 9: the names checked up front are only the first 1000; each file's name is
     # checked again when it is written. Skip the up-front check to reach that one.
-    from clouseau.store import writer
+    from clouseau.store import directory_sink
 
-    monkeypatch.setattr(writer, "check_pattern", lambda pattern: None)
+    monkeypatch.setattr(directory_sink, "check_pattern", lambda pattern: None)
     outside = tmp_path / "cap" / "x"
     sink = DirectorySink(tmp_path / "cap", filename_pattern="x{idx:c}.safetensors")
     put_calls(sink, [[value("a", np.ones(2))]])
