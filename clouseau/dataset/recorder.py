@@ -24,6 +24,20 @@ from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
 from clouseau.ir.selection import SelectLike, check_select
 from clouseau.store.capture import Capture
+from clouseau.store.directory import (
+    DEFAULT_PATTERN,
+    FORMAT,
+    GRAPH_PATTERN,
+    STATUS_FILE,
+    capture_path,
+    check_clashes,
+    check_pattern,
+    file_name,
+    max_bytes,
+    owned,
+)
+from clouseau.store.files import read_json
+from clouseau.store.lock import DirectoryLock
 from clouseau.store.progress import (
     RECORD_FILE,
     Batch,
@@ -33,16 +47,8 @@ from clouseau.store.progress import (
     write_json_atomic,
     write_progress,
 )
-from clouseau.store.reader import is_capture_file, load
+from clouseau.store.reader import load
 from clouseau.store.stats import RunningStats
-from clouseau.store.writer import (
-    DEFAULT_PATTERN,
-    FORMAT,
-    GRAPH_PATTERN,
-    STATUS_FILE,
-    _check_pattern,
-    _max_bytes,
-)
 
 Forward = Callable[[Any, Any], Any]
 
@@ -128,8 +134,8 @@ def record(
     check_select(select)
     if select is None:
         raise ValueError("select=None records nothing; select points, e.g. select='h.*'")
-    _max_bytes(max_size_mb)
-    _check_pattern(filename_pattern)
+    max_bytes(max_size_mb)
+    names = check_pattern(filename_pattern)
     layout = Layout.make(rows, mask, fields)
     stat_globs = _globs(stats, "stats")
     frontend = frontend_for(model)
@@ -142,15 +148,19 @@ def record(
         "max_size_mb": max_size_mb,
         "filename_pattern": filename_pattern,
     }
-    root = Path(path).absolute()
-    previous = _open_directory(root, run, resume)
-    if previous is not None and previous.done:
-        return load(root)
-    recorder = _Recorder(
-        root, frontend, model, select, layout, stat_globs, run, previous, on_error,
-        max_size_mb, filename_pattern, forward or _default_forward, Bar(run["data_len"], progress),
-    )  # fmt: skip
-    return recorder.run(data)
+    root = capture_path(path)
+    lock = _lock(root)  # one writer per directory, as for instrument()
+    try:
+        previous = _open_directory(root, run, resume, names)
+        if previous is not None and previous.done:
+            return load(root)
+        recorder = _Recorder(
+            root, frontend, model, select, layout, stat_globs, run, previous, on_error,
+            max_size_mb, filename_pattern, forward or _default_forward, Bar(run["data_len"], progress),
+        )  # fmt: skip
+        return recorder.run(data)
+    finally:
+        lock.release()
 
 
 class _Recorder:
@@ -174,7 +184,7 @@ class _Recorder:
     ) -> None:
         self.root, self.layout, self.identity, self.on_error = root, layout, run, on_error
         self.stat_globs, self.forward, self.bar = stat_globs, forward, bar
-        self.max_bytes = _max_bytes(max_size_mb)
+        self.max_bytes = max_bytes(max_size_mb)
         self.pattern = filename_pattern
         self.done: list[Batch] = list(previous.batches) if previous else []
         self.files: list[str] = list(previous.files) if previous else []
@@ -305,7 +315,7 @@ class _Recorder:
 
     # -- files and the progress record -------------------------------------------------
     def _submit(self) -> None:
-        name = self.pattern.format(idx=len(self.files))
+        name = file_name(self.pattern, len(self.files))
         self.files.append(name)
         snapshot = self._progress(done=False)
         count = len(self.done)
@@ -398,14 +408,19 @@ def _describe(select: SelectLike) -> Any:
     return getattr(select, "__qualname__", repr(select))
 
 
-def _open_directory(root: Path, run: dict[str, Any], resume: bool) -> Progress | None:
-    """Prepare ``root``: the progress of the run to continue, or None (cleared)."""
-    if root.exists() and not root.is_dir():
-        raise CaptureError(f"the capture path {root} is a file; pass a directory")
+def _lock(root: Path) -> DirectoryLock:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise CaptureError(f"cannot create {root}: {err.strerror or err}") from None
+    return DirectoryLock(root)
+
+
+def _open_directory(
+    root: Path, run: dict[str, Any], resume: bool, names: frozenset[str]
+) -> Progress | None:
+    """Prepare ``root``: the progress of the run to continue, or None (cleared)."""
+    check_clashes(root, names)
     previous = read_progress(root) if resume else None
     if previous is not None:
         check_same_run(previous.run, run, root)
@@ -414,18 +429,15 @@ def _open_directory(root: Path, run: dict[str, Any], resume: bool) -> Progress |
 
 
 def _clear(root: Path, keep: set[str], graphs: bool) -> None:
-    """Remove clouseau's files from ``root``, but ``keep`` (and the graphs if ``graphs``)."""
-    for file in root.iterdir():
-        name = file.name
-        if not file.is_file() or name in keep:
+    """Remove clouseau's own files from ``root`` (recognised by the format marker inside
+    them, never by name alone), but ``keep`` and, when resuming, the graphs and progress."""
+    for entry in os.scandir(root):
+        file, name = Path(entry.path), entry.name
+        if name in keep or entry.is_symlink() or not entry.is_file(follow_symlinks=False):
             continue
-        ours = (
-            name in (STATUS_FILE, RECORD_FILE)
-            or (re.fullmatch(r"graph-\d+\.json", name) and not graphs)
-            or re.fullmatch(r"\..+\.\d+\.tmp", name)
-            or (name.endswith(".safetensors") and is_capture_file(file))
-        )
-        if ours and not (graphs and name == RECORD_FILE):
+        if graphs and (name == RECORD_FILE or re.fullmatch(r"graph-\d+\.json", name)):
+            continue
+        if owned(file):
             try:
                 file.unlink()
             except OSError as err:
@@ -433,9 +445,7 @@ def _clear(root: Path, keep: set[str], graphs: bool) -> None:
 
 
 def _read_graphs(root: Path) -> list[Graph]:
-    import json
-
     graphs = []
     while (file := root / GRAPH_PATTERN.format(len(graphs))).is_file():
-        graphs.append(Graph.from_json(json.loads(file.read_text())))
+        graphs.append(Graph.from_json(read_json(file)))
     return graphs

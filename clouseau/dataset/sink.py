@@ -21,8 +21,8 @@ from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
 from clouseau.ir.sink import SavedValue
 from clouseau.store.capture import Capture, Record, encode_record, tensor_key
+from clouseau.store.directory import FORMAT, GRAPH_PATTERN
 from clouseau.store.safetensors_io import dtype_code, storable, write_file
-from clouseau.store.writer import FORMAT, GRAPH_PATTERN
 
 # Applied to each saved value as it arrives: (name, array) -> the array to store (the rows
 # layout turns a [batch, seq, ...] value into its unmasked rows).

@@ -10,16 +10,14 @@ refuses a run that would not continue the same recording. It is replaced atomica
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from clouseau.ir.errors import CaptureError
-
-RECORD_FILE = "record.json"
-RECORD_FORMAT = "clouseau.record/1"
+from clouseau.store.directory import RECORD_FILE, RECORD_FORMAT
+from clouseau.store.files import read_json, write_json
 
 
 @dataclass(frozen=True)
@@ -81,10 +79,10 @@ class Progress:
 def read_progress(path: Path) -> Progress | None:
     """The progress record in capture directory ``path``; None if it has none."""
     file = path / RECORD_FILE
-    if not file.is_file():
+    if not os.path.lexists(file):
         return None
     try:
-        return Progress.from_json(json.loads(file.read_text()))
+        return Progress.from_json(read_json(file))  # a regular file, size-capped
     except OSError as err:
         raise CaptureError(f"cannot read {file}: {err.strerror or err}") from None
     except (ValueError, KeyError, TypeError) as err:
@@ -94,17 +92,12 @@ def read_progress(path: Path) -> Progress | None:
 
 
 def write_json_atomic(file: Path, data: object) -> None:
-    """Write ``data`` as JSON to ``file`` under a temporary name, then rename it."""
-    tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+    """Write ``data`` as JSON to ``file`` atomically (an exclusive, unpredictable temporary
+    file, then a rename over the previous version)."""
     try:
-        with open(tmp, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, file)
-    except BaseException as err:
-        tmp.unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            raise CaptureError(f"cannot write {file}: {err.strerror or err}") from err
-        raise
+        write_json(file, data, replace=True)
+    except OSError as err:
+        raise CaptureError(f"cannot write {file}: {err.strerror or err}") from err
 
 
 def write_progress(path: Path, progress: Progress) -> None:
