@@ -10,11 +10,10 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from clouseau.capture.torch.names import PointNamer, element_paths
 from clouseau.capture.torch.naming import (
     INPLACE_OPERATORS,
-    LocalNamer,
     function_op,
-    qualify,
     source_from_stack,
     target_name,
 )
@@ -53,22 +52,24 @@ for _op, _name in INPLACE_OPERATORS.items():
 
 
 class NamingTracer(fx.Tracer):
-    """An fx tracer that records, for every node, its torchvision name and module.
+    """An fx tracer that records, for every node, its point name and module.
 
-    ``_where`` is the (path, class name) of the innermost module being traced. A non-leaf
-    module's output proxy is recorded in ``module_outputs`` so the IR can give the value
-    the module's path as an alias. A module returning a tuple or dict gets no alias (its
-    items keep their own names).
+    ``_where`` is the (raw path, class name) of the innermost module being traced. A
+    non-leaf module's output proxies are recorded in ``module_outputs`` so the IR can give
+    each value the module's path as an alias: ``<path>`` for a single tensor, and for a
+    tuple, list, dict or ``ModelOutput`` ``<path>:<index or key>`` per element (nested:
+    ``<path>:1:0``) with ``<path>`` on the first. ``torchvision`` holds torchvision's
+    own name of a node where it differs and names nothing else.
     """
 
     def __init__(self, model: torch.nn.Module, arguments: dict[str, Any]) -> None:
         super().__init__()
         self.arguments = arguments
         self._where = ("", type(model).__name__)
-        self.namer = LocalNamer()
+        self.namer = PointNamer(model)
         self.records: dict[fx.Node, tuple[str, str, str, Source | None]] = {}
         self.module_outputs: dict[fx.Node, list[str]] = {}
-        self.module_calls: dict[str, int] = {}
+        self.torchvision: dict[fx.Node, str] = {}
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return InplaceProxy(node, self)
@@ -90,11 +91,9 @@ class NamingTracer(fx.Tracer):
         finally:
             self._where = outer
         if not self.is_leaf_module(m, path):
-            count = self.module_calls.get(path, 0)
-            self.module_calls[path] = count + 1
-            if isinstance(out, fx.Proxy):
-                alias = path if count == 0 else f"{path}_{count}"
-                self.module_outputs.setdefault(out.node, []).append(alias)
+            name = self.namer.module_output(path)
+            for alias, proxy in module_output_names(name, out):
+                self.module_outputs.setdefault(proxy.node, []).append(alias)
         return out
 
     def create_node(
@@ -109,11 +108,19 @@ class NamingTracer(fx.Tracer):
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
         if kind != "output":
             path, module_type = self._where
-            # torchvision: a leaf-module call is named by its path, anything else by
-            # "<path>.<fx node name>"; the namer replaces fx's global counter by a local one.
-            qualname = path if kind == "call_module" else qualify(path, node.name)
+            # A leaf-module call is named by its path, anything else by
+            # "<path>.<fx node name>" with a counter local to the name.
+            other: str | None = None
+            if kind == "placeholder":
+                name = self.namer.input(node.name)
+            elif kind == "call_module":
+                name, other = self.namer.module_call(path)
+            else:
+                name, other = self.namer.op(path, node.name)
+            if other is not None:
+                self.torchvision[node] = other
             source = source_from_stack() if kind != "placeholder" else None
-            self.records[node] = (self.namer.name(qualname), path, module_type, source)
+            self.records[node] = (name, self.namer.path(path), module_type, source)
         return node
 
     def create_arg(self, a: Any) -> Any:
@@ -151,6 +158,16 @@ class NamingTracer(fx.Tracer):
             return root_fn(root, *positional, **keyword)
 
         return call, []
+
+
+def module_output_names(name: str, out: Any) -> list[tuple[str, fx.Proxy]]:
+    """``(alias, proxy)`` for each traced value a module call returned (see NamingTracer)."""
+    if isinstance(out, fx.Proxy):
+        return [(name, out)]
+    leaves = [
+        (name + suffix, leaf) for suffix, leaf in element_paths(out) if isinstance(leaf, fx.Proxy)
+    ]
+    return [(name, leaves[0][1]), *leaves] if leaves else []
 
 
 def tensor_params(model: torch.nn.Module, arguments: dict[str, Any]) -> tuple[str, ...]:
@@ -199,8 +216,12 @@ def _info(model: torch.nn.Module, tracer: NamingTracer, node: fx.Node) -> NodeIn
     if node.op == "output":
         return NodeInfo("output", NodeKind.OUTPUT, "output")
     name, path, module_type, source = tracer.records[node]
-    aliases = tuple(tracer.module_outputs.get(node, ()))
-    common = {"name": name, "source": source, "aliases": aliases}
+    outputs_of = tracer.module_outputs.get(node, ())
+    aliases = (*outputs_of, *_present(tracer.torchvision.get(node)))
+    common = {
+        "name": name, "source": source, "aliases": aliases,
+        "module_output": bool(outputs_of) or node.op == "call_module",
+    }  # fmt: skip
     if node.op == "placeholder":
         return NodeInfo(kind=NodeKind.INPUT, op="input", target=str(node.target), **common)
     if node.op == "get_attr":
@@ -235,6 +256,10 @@ def _info(model: torch.nn.Module, tracer: NamingTracer, node: fx.Node) -> NodeIn
         target=target,
         **common,
     )
+
+
+def _present(name: str | None) -> tuple[str, ...]:
+    return () if name is None else (name,)
 
 
 def _resolve_or_none(model: torch.nn.Module, target: str) -> Any:

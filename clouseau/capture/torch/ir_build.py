@@ -92,6 +92,7 @@ def build_graph(model: torch.nn.Module, traced: Traced, facts: Probe) -> Graph:
     nodes: list[Node] = []
     by_fx: dict[str, str] = {}
     taken: set[str] = set()
+    static: set[str] = set()  # nodes that depend on no input
     for fx_node in traced.gm.graph.nodes:
         info = traced.infos.get(fx_node.name)
         if info is None:
@@ -103,13 +104,17 @@ def build_graph(model: torch.nn.Module, traced: Traced, facts: Probe) -> Graph:
             else (facts.specs.get(fx_node.name, OpaqueSpec("None")),)
         )
         taken.add(info.name)
+        if info.kind is NodeKind.CONSTANT or (
+            info.kind is NodeKind.OP and all(r.node in static for r in inputs)
+        ):
+            static.add(info.name)
         nodes.append(
             Node(
                 name=info.name, kind=info.kind, op=info.op, inputs=inputs, outputs=outputs,
                 module=info.module, module_type=info.module_type, target=info.target,
                 source=info.source, key=fx_node.name,
                 aliases=tuple((0, a) for a in info.aliases),
-                attrs=_module_attrs(model, fx_node),
+                attrs=_module_attrs(model, fx_node) + _static_output(info, inputs, static),
             )
         )  # fmt: skip
         by_fx[fx_node.name] = info.name
@@ -121,6 +126,18 @@ def build_graph(model: torch.nn.Module, traced: Traced, facts: Probe) -> Graph:
         meta=(("training", model.training), *traced.meta),
     )
     return verify(graph)
+
+
+def _static_output(
+    info: NodeInfo, inputs: tuple[Ref, ...], static: set[str]
+) -> tuple[tuple[str, AttrValue], ...]:
+    # A module's output computed from state alone (a position embedding fed by a buffer)
+    # is a point all the same: the attr exempts it from Graph.points' rule for state.
+    if info.module_output and (
+        info.kind is NodeKind.CONSTANT or all(r.node in static for r in inputs)
+    ):
+        return (("module_output", True),)
+    return ()
 
 
 # Hyper-parameters of leaf modules that FLOP counts need (a conv's kernel and groups
