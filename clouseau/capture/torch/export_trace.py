@@ -17,7 +17,8 @@ import torch
 import torch.fx as fx
 from torch.export.graph_signature import InputKind, OutputKind
 
-from clouseau.capture.torch._compat import tree_flatten, tree_unflatten
+from clouseau.capture.torch._compat import register_cache_pytrees, tree_flatten, tree_unflatten
+from clouseau.capture.torch.caches import CacheAdopter
 from clouseau.capture.torch.export_marks import Mark, Marks, marking, take_marks
 from clouseau.capture.torch.names import PointNamer
 from clouseau.capture.torch.naming import function_op, source_from_stack_trace, target_name
@@ -35,6 +36,7 @@ _WEIGHTS = {
 def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
     """Trace ``model`` with ``torch.export.export(strict=False)`` into a :class:`Traced`."""
     kwargs = canonical_kwargs(model, kwargs)
+    register_cache_pytrees(model)
     with marking(model) as marks:
         ep = torch.export.export(model, args, kwargs, strict=False)
     graph = ep.graph_module.graph
@@ -74,7 +76,10 @@ def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
     assert call_sig is not None
     in_spec, out_spec = call_sig.in_spec, call_sig.out_spec
 
+    caches = CacheAdopter()
+
     def to_inputs(a: tuple[Any, ...], kw: dict[str, Any]) -> tuple[Any, ...]:
+        caches.remember(a, kw)
         leaves, spec = tree_flatten((tuple(a), canonical_kwargs(model, kw)))
         if spec != in_spec:
             raise TraceError(
@@ -87,7 +92,7 @@ def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
         frontend=Frontend.TORCH_EXPORT,
         infos=_infos(gm.graph, model, weight_kind, marked, marks),
         to_inputs=to_inputs,
-        from_outputs=lambda flat: tree_unflatten(list(flat), out_spec),
+        from_outputs=lambda flat: caches.adopt(tree_unflatten(list(flat), out_spec)),
     )
 
 

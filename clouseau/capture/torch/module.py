@@ -12,6 +12,11 @@ import numpy as np
 import torch
 
 from clouseau.capture._session import CaptureSession
+from clouseau.capture.torch._compat import (
+    is_registered_node,
+    register_cache_pytrees,
+    tree_flatten,
+)
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.intervene import emitting_grads
 from clouseau.capture.torch.lower import Lowered, SaveTarget, lower
@@ -103,6 +108,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     ) -> None:
         super().__init__()
         self.model = model
+        register_cache_pytrees(model)  # so that the first call's cache is keyed as later ones
         self._sink = sink
         self._select = select
         self._intervene = intervene
@@ -217,6 +223,10 @@ def _key(value: Any) -> Hashable:
         return (type(value).__name__, tuple(map(_key, value)))
     if isinstance(value, dict):
         return ("dict", tuple((k, _key(v)) for k, v in value.items()))
+    if is_registered_node(value):
+        # A cache object is keyed by what it holds (it grows in place between calls).
+        leaves, spec = tree_flatten(value)
+        return ("tree", type(value), str(spec), tuple(map(_key, leaves)))
     try:
         hash(value)
     except TypeError:
