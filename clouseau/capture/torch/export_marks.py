@@ -11,6 +11,7 @@ is element ``suffix`` of module call ``call``": the graph that runs is the model
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -119,15 +120,50 @@ class _CannotRebuild(Exception):
     pass
 
 
-def take_marks(graph: fx.Graph, marks: Marks) -> dict[fx.Node, list[Mark]]:
-    """Remove the marks from ``graph``; for each marked node, the module outputs it is."""
+def take_marks(gm: fx.GraphModule, marks: Marks) -> dict[fx.Node, list[Mark]]:
+    """Remove the marks from ``gm``; for each marked node, the module outputs it is.
+
+    A mark inside a region export keeps as a submodule (``torch.autocast``, ``no_grad``)
+    is removed there too, and passed on to the ``getitem`` that takes the value out.
+    """
     found: dict[fx.Node, list[Mark]] = {}
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not MARK:
-            continue
-        source, call, element = node.args
-        assert isinstance(source, fx.Node) and isinstance(call, int) and isinstance(element, int)
-        found.setdefault(source, []).append(Mark(call, marks.elements[call][element]))
-        node.replace_all_uses_with(source)
-        graph.erase_node(node)
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is MARK:
+            source, call, element = node.args
+            assert isinstance(source, fx.Node) and isinstance(call, int)
+            assert isinstance(element, int)
+            found.setdefault(source, []).append(Mark(call, marks.elements[call][element]))
+            node.replace_all_uses_with(source)
+            gm.graph.erase_node(node)
+        elif node.op == "call_function":
+            for region in _regions(gm, node):
+                _pass_on(node, region, take_marks(region, marks), found)
+    gm.recompile()
     return found
+
+
+def _regions(gm: fx.GraphModule, node: fx.Node) -> list[fx.GraphModule]:
+    return [
+        sub
+        for arg in node.args
+        if isinstance(arg, fx.Node) and arg.op == "get_attr"
+        for sub in [getattr(gm, str(arg.target), None)]
+        if isinstance(sub, fx.GraphModule)
+    ]
+
+
+def _pass_on(
+    node: fx.Node,
+    region: fx.GraphModule,
+    inner: dict[fx.Node, list[Mark]],
+    found: dict[fx.Node, list[Mark]],
+) -> None:
+    output = next(n for n in region.graph.nodes if n.op == "output")
+    returned = output.args[0]
+    if not isinstance(returned, tuple | list):
+        return
+    for user in node.users:
+        if user.target is operator.getitem and isinstance(user.args[1], int):
+            value = returned[user.args[1]]
+            if isinstance(value, fx.Node) and value in inner:
+                found.setdefault(user, []).extend(inner[value])

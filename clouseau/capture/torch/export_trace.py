@@ -40,7 +40,7 @@ def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
     with marking(model) as marks:
         ep = torch.export.export(model, args, kwargs, strict=False)
     graph = ep.graph_module.graph
-    marked = take_marks(graph, marks)
+    marked = take_marks(ep.graph_module, marks)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     attrs: dict[str, Any] = {}
     weight_kind: dict[str, tuple[str, str]] = {}
@@ -71,6 +71,12 @@ def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
             raise TraceError(
                 f"torch.export produced an output clouseau cannot run: {out_spec.kind.name}"
             )
+    # Regions export records as higher-order ops (autocast, set_grad_enabled) are submodules.
+    for node in graph.nodes:
+        if node.op == "get_attr" and node.target not in attrs:
+            found = getattr(ep.graph_module, str(node.target), None)
+            if isinstance(found, fx.GraphModule):
+                attrs[str(node.target)] = found
     gm = fx.GraphModule(attrs, graph, class_name=type(model).__name__)
     call_sig = ep.module_call_graph[0].signature
     assert call_sig is not None

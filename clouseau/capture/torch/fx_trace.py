@@ -51,6 +51,19 @@ for _op, _name in INPLACE_OPERATORS.items():
     setattr(InplaceProxy, f"__{_op.__name__}__", _inplace_method(_op, _name))
 
 
+class NumericsStateError(RuntimeError):
+    """The traced code changes global state that changes numerics, which fx cannot record."""
+
+
+def numerics_state() -> tuple[Any, ...]:
+    """The global modes under which ops run: grad, inference, autocast (per device type)."""
+    return (
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+        *((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")),
+    )
+
+
 class NamingTracer(fx.Tracer):
     """An fx tracer that records, for every node, its point name and module.
 
@@ -70,6 +83,7 @@ class NamingTracer(fx.Tracer):
         self.records: dict[fx.Node, tuple[str, str, str, Source | None]] = {}
         self.module_outputs: dict[fx.Node, list[str]] = {}
         self.torchvision: dict[fx.Node, str] = {}
+        self.numerics = numerics_state()
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return InplaceProxy(node, self)
@@ -105,6 +119,12 @@ class NamingTracer(fx.Tracer):
         name: str | None = None,
         type_expr: Any | None = None,
     ) -> fx.Node:
+        if numerics_state() != self.numerics:
+            raise NumericsStateError(
+                "forward changes autocast, grad or inference mode (a `with torch.autocast`, "
+                "`torch.no_grad`, `enable_grad` or `inference_mode` block), which torch.fx "
+                "does not record"
+            )
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
         if kind != "output":
             path, module_type = self._where

@@ -96,6 +96,12 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     is traced and lowered lazily per input signature (shapes, dtypes, devices, strides,
     non-tensor arguments, the training flag of every module) and cached; ``.to()`` and
     friends drop the cache, as they may replace buffers the lowered graphs read.
+
+    It is a drop-in for the model: an attribute it does not define is the model's
+    (``fmodel.config``, ``fmodel.device``, ``fmodel.get_input_embeddings()``;
+    ``fmodel.generate`` runs the model's own ``generate``, which does not capture), and
+    ``state_dict()``/``load_state_dict()`` use the model's own keys (no ``model.``
+    prefix), also when the instrumented model is itself a submodule.
     """
 
     def __init__(
@@ -117,6 +123,21 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         # own modules and weights, which must be registered (and counted) once.
         self._lowered: dict[Hashable, _Entry] = {}
         self._module_list: tuple[torch.nn.Module, ...] | None = None
+        self.register_state_dict_post_hook(_model_keys)
+        self.register_load_state_dict_pre_hook(_wrapper_keys)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails: the per-call path never comes here.
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            model = self.__dict__["_modules"].get("model")
+            if model is None or name.startswith("__"):
+                raise
+            return getattr(model, name)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(dir(self.model)))
 
     def trace(self, *args: Any, **kwargs: Any) -> Graph:
         """Trace and lower for this call signature now; returns the graph with its saves."""
@@ -204,6 +225,29 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         return f"select={self._select!r}{extra}" + (
             f", grads={self._grads!r}" if self._grads else ""
         )
+
+    def __repr__(self) -> str:
+        # One line: what it wraps and where the saves go, not the model's whole tree.
+        where = getattr(self._sink, "path", None)
+        to = f"to {str(where)!r}" if where is not None else "in memory"
+        return f"InstrumentedModule({type(self.model).__name__}, {self.extra_repr()}, saving {to})"
+
+
+_PREFIX = "model."
+
+
+def _model_keys(module: torch.nn.Module, state: dict[str, Any], prefix: str, meta: Any) -> None:
+    """``state_dict`` hook: the wrapped model's keys without the wrapper's ``model.``."""
+    inner = prefix + _PREFIX
+    for key in [k for k in state if k.startswith(prefix)]:
+        value = state.pop(key)  # pop and put back every key: the order is kept
+        state[prefix + key[len(inner) :] if key.startswith(inner) else key] = value
+
+
+def _wrapper_keys(module: torch.nn.Module, state: dict[str, Any], prefix: str, *args: Any) -> None:
+    """``load_state_dict`` pre-hook: the model's keys as the wrapper's submodule keys."""
+    for key in [k for k in state if k.startswith(prefix) and not k.startswith(prefix + _PREFIX)]:
+        state[prefix + _PREFIX + key[len(prefix) :]] = state.pop(key)
 
 
 def _saved_values(
