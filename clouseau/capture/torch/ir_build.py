@@ -6,7 +6,7 @@ import logging
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -17,11 +17,22 @@ from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.export_trace import trace_export
 from clouseau.capture.torch.fx_trace import trace_fx
 from clouseau.capture.torch.naming import source_from_exception
-from clouseau.capture.torch.probe import Probe, probe
+from clouseau.capture.torch.probe import FirstRun, Probe, probe, probe_call
 from clouseau.capture.torch.traced import NodeInfo, Traced
 from clouseau.ir.errors import TraceError
 from clouseau.ir.graph import AttrValue, Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref
 from clouseau.ir.verify import verify
+
+
+class FirstRunSlot:
+    """The user's first call when the probe ran it (``live``); taken once, then empty."""
+
+    def __init__(self, run: FirstRun | None = None) -> None:
+        self._run = run
+
+    def take(self) -> FirstRun | None:
+        run, self._run = self._run, None
+        return run
 
 
 @dataclass(frozen=True, eq=False)
@@ -31,10 +42,16 @@ class TracedModel:
     traced: Traced
     probe: Probe
     graph: Graph
+    first: FirstRunSlot = field(default_factory=FirstRunSlot)
 
 
-def trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TracedModel:
+def trace_model(
+    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, live: bool = False
+) -> TracedModel:
     """Trace ``model(*args, **kwargs)`` with torch.fx, or torch.export when fx fails.
+
+    With ``live`` the probe run is the user's call itself (its output and values are in
+    ``first``); otherwise it runs on copies and leaves the model, hooks aside, untouched.
 
     Raises
     ------
@@ -61,21 +78,24 @@ def trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tr
     )
     # Tracers patch torch.nn.Module process-wide: no lowered graph may run meanwhile.
     with TRACE_LOCK.exclusive():
-        return _trace_model(model, args, kwargs)
+        return _trace_model(model, args, kwargs, live)
 
 
-def _trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TracedModel:
+def _trace_model(
+    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], live: bool
+) -> TracedModel:
     fx_infos: Mapping[str, NodeInfo] | None = None
+    run = _live_probe if live else _probe
     try:
         traced = trace_fx(model, args, kwargs)
         fx_infos = traced.infos
-        facts = probe(traced.gm, model, traced.to_inputs(args, kwargs))
+        facts, first = run(traced, model, args, kwargs)
     except Exception as fx_error:
         try:
             with _quiet_export_logs():
                 traced = trace_export(model, args, kwargs)
             traced = replace(traced, meta=(("fx_error", _first_line(fx_error)),))
-            facts = probe(traced.gm, model, traced.to_inputs(args, kwargs))
+            facts, first = run(traced, model, args, kwargs)
         except Exception as export_error:
             if fx_infos is not None:
                 # fx followed the code but the traced ops failed on the example values:
@@ -84,7 +104,19 @@ def _trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> T
             else:
                 message = _both_failed(model, fx_error, export_error)
             raise TraceError(message) from export_error
-    return TracedModel(traced, facts, build_graph(model, traced, facts))
+    return TracedModel(traced, facts, build_graph(model, traced, facts), FirstRunSlot(first))
+
+
+def _probe(
+    traced: Traced, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Probe, None]:
+    return probe(traced.gm, model, traced.to_inputs(args, kwargs)), None
+
+
+def _live_probe(
+    traced: Traced, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Probe, FirstRun]:
+    return probe_call(traced.gm, model, traced.to_inputs(args, kwargs))
 
 
 def build_graph(model: torch.nn.Module, traced: Traced, facts: Probe) -> Graph:

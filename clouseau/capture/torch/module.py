@@ -20,6 +20,7 @@ from clouseau.capture.torch._compat import (
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.intervene import emitting_grads
 from clouseau.capture.torch.lower import Lowered, SaveTarget, lower
+from clouseau.capture.torch.probe import FirstRun
 from clouseau.ir.actions import Action
 from clouseau.ir.graph import Graph
 from clouseau.ir.interventions import Grads
@@ -159,7 +160,11 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             TRACE_LOCK.exit_shared()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        entry = self._lowered.get(self._key(args, kwargs)) or self._entry(args, kwargs)
+        entry = self._lowered.get(self._key(args, kwargs))
+        if entry is None:
+            entry, first = self._new_entry(args, kwargs, live=True)
+            if first is not None:  # the trace ran this call: nothing runs twice
+                return self._first_call(entry, first)
         if entry.plain:  # the model, and only the model
             return entry.outputs(entry.run(*entry.inputs(args, kwargs)))
         return self._saving_call(entry, entry.inputs(args, kwargs))
@@ -182,6 +187,24 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         sink.end_call(call)
         return entry.outputs(raw)
 
+    def _first_call(self, entry: _Entry, first: FirstRun) -> Any:
+        outputs = entry.lowered.traced.traced.from_outputs(first.output)
+        if entry.plain:
+            return outputs
+        sink = self._sink
+        call = sink.begin_call()
+        try:
+            values = [
+                SavedValue(t.names, t.node, to_numpy(first.values[t.key], copy=False))
+                for t in entry.targets
+            ]
+            sink.put(call, entry.graph_id, values)
+        except BaseException as error:
+            sink.fail_call(call, error)
+            raise
+        sink.end_call(call)
+        return outputs
+
     def _put_grad(
         self, call: int, graph_id: int, names: tuple[str, ...], node: str, grad: torch.Tensor
     ) -> None:
@@ -195,6 +218,13 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         return (tuple(map(_key, args)), kw, tuple(map(_training, modules)))
 
     def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
+        return self._new_entry(args, kwargs, live=False)[0]
+
+    def _new_entry(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], *, live: bool
+    ) -> tuple[_Entry, FirstRun | None]:
+        """The entry of this call's signature, traced now if new; with ``live`` the trace
+        runs the call itself, and only the thread that traced gets its :class:`FirstRun`."""
         key = self._key(args, kwargs)
         found = self._lowered.get(key)
         if found is None:
@@ -209,11 +239,13 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
                         self._select,
                         intervene=self._intervene,
                         grads=self._grads,
+                        live=live,
                     )
                     graph_id = self._sink.add_graph(lowered.graph)
                     found = _Entry(self.model, lowered, graph_id, args, kwargs)
                     self._lowered[key] = found
-        return found
+                    return found, lowered.traced.first.take()
+        return found, None
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self._lowered.clear()
