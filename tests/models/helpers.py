@@ -13,15 +13,15 @@ from clouseau.capture.torch.names import clean_paths, element_paths
 
 
 class OutputHooks:
-    """Every module call's tensor outputs, cloned when produced, by point name.
+    """Every module call's tensor outputs, cloned when produced, per module path.
 
-    The k-th call of a module is ``<path>_<k>``; a tuple, list, dict or ``ModelOutput``
-    element is ``<name>:<index or key>``, and ``<name>`` alone is the first element.
+    ``calls[path]`` lists one ``{suffix: tensor}`` per call of the module: a tuple, list,
+    dict or ``ModelOutput`` element has suffix ``:<index or key>`` and the first element
+    also ``""``; :meth:`by_name` names them with the graph's ``module_calls``.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.values: dict[str, torch.Tensor] = {}
-        self.calls: dict[str, int] = {}
+        self.calls: dict[str, list[dict[str, torch.Tensor]]] = {}
         paths = clean_paths(p for p, _ in model.named_modules(remove_duplicate=False))
         self.handles = [
             module.register_forward_hook(self._hook(paths[path]))
@@ -31,20 +31,31 @@ class OutputHooks:
 
     def _hook(self, path: str) -> Any:
         def hook(module: torch.nn.Module, args: Any, out: Any) -> None:
-            count = self.calls.get(path, 0)
-            self.calls[path] = count + 1
-            name = path if count == 0 else f"{path}_{count}"
+            found: dict[str, torch.Tensor] = {}
             tensors = [(s, v) for s, v in element_paths(out) if isinstance(v, torch.Tensor)]
             for i, (suffix, value) in enumerate(tensors):
-                self.values[name + suffix] = value.detach().clone()
+                found[suffix] = value.detach().clone()
                 if i == 0:
-                    self.values[name] = value.detach().clone()
+                    found[""] = found[suffix]
+            self.calls.setdefault(path, []).append(found)
 
         return hook
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
+
+    def by_name(self, graph: Any) -> dict[str, torch.Tensor]:
+        """Every value by its point name, the k-th call of a module named as the graph says."""
+        names: dict[str, list[str]] = {}
+        for path, name in graph.meta_value("module_calls"):
+            names.setdefault(path, []).append(name)
+        found = {}
+        for path, calls in self.calls.items():
+            assert len(names.get(path, ())) == len(calls), (path, names.get(path), len(calls))
+            for name, values in zip(names[path], calls, strict=True):
+                found.update({name + suffix: v for suffix, v in values.items()})
+        return found
 
 
 def tensors_of(value: Any) -> list[torch.Tensor]:
@@ -72,7 +83,7 @@ def check_model(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             expected = model(*args, **kwargs)
     finally:
         hooks.remove()
-    assert hooks.values, "the model has no submodule outputs to compare"
+    assert hooks.calls, "the model has no submodule calls to compare"
     fmodel = clouseau.instrument(model, select="*", path=None)
     with torch.no_grad():
         actual = fmodel(*args, **kwargs)
@@ -82,9 +93,10 @@ def check_model(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     for i, (a, e) in enumerate(zip(got, want, strict=True)):
         assert_equal(a, e, f"output {i}")
     captured = fmodel.captured
-    missing = sorted(set(hooks.values) - set(captured.names()))
+    values = hooks.by_name(captured.graph)
+    missing = sorted(set(values) - set(captured.names()))
     assert not missing, f"module outputs that are not points: {missing[:20]} ({len(missing)})"
-    for name, value in hooks.values.items():
+    for name, value in values.items():
         assert_equal(captured[name], value, name)
     fmodel.close()
     return captured.graph

@@ -83,6 +83,7 @@ def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
     in_spec, out_spec = call_sig.in_spec, call_sig.out_spec
 
     caches = CacheAdopter()
+    namer = PointNamer(model)
 
     def to_inputs(a: tuple[Any, ...], kw: dict[str, Any]) -> tuple[Any, ...]:
         caches.remember(a, kw)
@@ -96,23 +97,24 @@ def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
     return Traced(
         gm=gm,
         frontend=Frontend.TORCH_EXPORT,
-        infos=_infos(gm.graph, model, weight_kind, marked, marks),
+        infos=_infos(gm.graph, namer, type(model).__name__, weight_kind, marked, marks),
         to_inputs=to_inputs,
         from_outputs=lambda flat: caches.adopt(tree_unflatten(list(flat), out_spec)),
+        opaque_outputs=tuple((namer.path(p), t) for p, t in marks.untraceable.items()),
+        meta=(namer.meta,),
     )
 
 
 def _infos(
     graph: fx.Graph,
-    model: torch.nn.Module,
+    namer: PointNamer,
+    root_type: str,
     weight_kind: dict[str, tuple[str, str]],
     marked: dict[fx.Node, list[Mark]],
     marks: Marks,
 ) -> dict[str, NodeInfo]:
-    namer = PointNamer(model)
     # Module calls are named first, in call order: the k-th call of a module is <path>_<k>.
     calls = [namer.module_output(path) for path in marks.calls]
-    root_type = type(model).__name__
     infos: dict[str, NodeInfo] = {}
     for node in graph.nodes:
         stack = _stack(node)

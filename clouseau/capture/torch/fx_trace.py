@@ -81,9 +81,13 @@ class NamingTracer(fx.Tracer):
         self._where = ("", type(model).__name__)
         self.namer = PointNamer(model)
         self.records: dict[fx.Node, tuple[str, str, str, Source | None]] = {}
+        self.pending: dict[fx.Node, tuple[str, str, Source | None]] = {}
+        # Module calls in the order they return: (raw path, leaf node or None, output).
+        self.calls: list[tuple[str, fx.Node | None, Any]] = []
         self.module_outputs: dict[fx.Node, list[str]] = {}
         self.torchvision: dict[fx.Node, str] = {}
         self.numerics = numerics_state()
+        self.opaque_outputs: dict[str, str] = {}
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return InplaceProxy(node, self)
@@ -105,10 +109,39 @@ class NamingTracer(fx.Tracer):
         finally:
             self._where = outer
         if not self.is_leaf_module(m, path):
-            name = self.namer.module_output(path)
-            for alias, proxy in module_output_names(name, out):
-                self.module_outputs.setdefault(proxy.node, []).append(alias)
+            self.calls.append((path, None, out))
         return out
+
+    def name_nodes(self, graph: fx.Graph) -> None:
+        """Name every node once the trace is complete: module calls first, in call order
+        (so the k-th call of a module is named alike on both paths), then the ops."""
+        namer = self.namer
+        leaf_names: dict[fx.Node, str] = {}
+        for path, node, out in self.calls:
+            name = namer.module_output(path)
+            if node is not None:
+                leaf_names[node] = name
+                continue
+            found = module_output_names(name, out)
+            for alias, proxy in found:
+                self.module_outputs.setdefault(proxy.node, []).append(alias)
+            if not found and out is not None:
+                self.opaque_outputs.setdefault(namer.path(path), type(out).__name__)
+        for node in graph.nodes:
+            if node.op == "output":
+                continue
+            path, module_type, source = self.pending[node]
+            other: str | None = None
+            if node.op == "placeholder":
+                name = namer.input(node.name)
+            elif node.op == "call_module":
+                name = leaf_names[node]
+                other = namer.leaf(path, name)
+            else:  # "<path>.<fx node name>" with a counter local to the name
+                name, other = namer.op(path, node.name)
+            if other is not None:
+                self.torchvision[node] = other
+            self.records[node] = (name, namer.path(path), module_type, source)
 
     def create_node(
         self,
@@ -128,19 +161,10 @@ class NamingTracer(fx.Tracer):
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
         if kind != "output":
             path, module_type = self._where
-            # A leaf-module call is named by its path, anything else by
-            # "<path>.<fx node name>" with a counter local to the name.
-            other: str | None = None
-            if kind == "placeholder":
-                name = self.namer.input(node.name)
-            elif kind == "call_module":
-                name, other = self.namer.module_call(path)
-            else:
-                name, other = self.namer.op(path, node.name)
-            if other is not None:
-                self.torchvision[node] = other
             source = source_from_stack() if kind != "placeholder" else None
-            self.records[node] = (name, self.namer.path(path), module_type, source)
+            self.pending[node] = (path, module_type, source)
+            if kind == "call_module":
+                self.calls.append((path, node, None))
         return node
 
     def create_arg(self, a: Any) -> Any:
@@ -202,6 +226,7 @@ def trace_fx(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
     before = set(vars(model))
     try:
         graph = tracer.trace(model)
+        tracer.name_nodes(graph)
     finally:
         # fx stores tensors created in forward as attributes of the root module; move them
         # out so tracing leaves the user's model as it was.
@@ -222,6 +247,8 @@ def trace_fx(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
         infos=infos,
         to_inputs=InputPicker(signature, names),
         from_outputs=lambda out: out,
+        opaque_outputs=tuple(tracer.opaque_outputs.items()),
+        meta=(tracer.namer.meta,),
     )
 
 

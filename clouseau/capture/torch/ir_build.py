@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -94,7 +95,7 @@ def _trace_model(
         try:
             with _quiet_export_logs():
                 traced = trace_export(model, args, kwargs)
-            traced = replace(traced, meta=(("fx_error", _first_line(fx_error)),))
+            traced = replace(traced, meta=(*traced.meta, ("fx_error", _first_line(fx_error))))
             facts, first = run(traced, model, args, kwargs)
         except Exception as export_error:
             if fx_infos is not None:
@@ -104,6 +105,14 @@ def _trace_model(
             else:
                 message = _both_failed(model, fx_error, export_error)
             raise TraceError(message) from export_error
+    if traced.opaque_outputs:
+        listed = ", ".join(f"{path} ({kind})" for path, kind in traced.opaque_outputs)
+        warnings.warn(
+            f"clouseau: {len(traced.opaque_outputs)} module output(s) of "
+            f"{type(model).__name__} hold no traced tensor and are not points: {listed}. "
+            "Select a tensor computed from them instead.",
+            stacklevel=2,
+        )
     return TracedModel(traced, facts, build_graph(model, traced, facts), FirstRunSlot(first))
 
 
@@ -234,7 +243,25 @@ def _both_failed(
         f"cannot trace {type(model).__name__}{at}.\n"
         f"  torch.fx failed: {_first_line(fx_error)}\n"
         f"  torch.export failed: {_first_line(export_error)}\n"
-        "Fix: make the control flow on tensor values traceable (torch.where, or torch.cond "
+        f"Fix: {_fix(export_error)}"
+    )
+
+
+_UNKNOWN_TYPE = re.compile(r"Found <class '([^']+)'> in (input|output)|not a known type|pytree")
+
+
+def _fix(export_error: BaseException) -> str:
+    """What to change, from torch.export's cause (the fallback's error is the last word)."""
+    found = _UNKNOWN_TYPE.search(str(export_error))
+    if found:
+        what = f"a {found.group(1)} in its {found.group(2)}" if found.group(1) else "a value"
+        return (
+            f"the model takes or returns {what} that torch.export cannot flatten: register "
+            "its type with torch.utils._pytree.register_pytree_node, or pass and return "
+            "tensors, tuples, lists and dicts of them."
+        )
+    return (
+        "make the control flow on tensor values traceable (torch.where, or torch.cond "
         "for branches), or mark the offending submodule as a leaf with "
         "clouseau.capture.torch.mark_leaf(model.<path>) so it runs untraced as one node."
     )

@@ -9,8 +9,8 @@ torchvision's own name as an extra alias wherever it names nothing else.
 
 Module names that are not valid in point names (spaces, ``#``, ``%``, ``,``, ``:``, glob
 characters, non-ASCII letters) are sanitised: each such character becomes ``_``, and a
-path that then equals an earlier one gets the first free ``_<k>`` (``k = 1, 2, ...``), in
-``named_modules()`` order.
+path that then equals a valid path of the model or an earlier sanitised one gets the
+first free ``_<k>`` (``k = 1, 2, ...``), in ``named_modules()`` order.
 """
 
 from __future__ import annotations
@@ -34,10 +34,16 @@ def clean_segment(segment: str) -> str:
 
 
 def clean_paths(paths: Iterable[str]) -> dict[str, str]:
-    """Each raw dotted module path (``named_modules()``) -> its sanitised, unique path."""
+    """Each raw dotted module path (``named_modules()``) -> its sanitised, unique path.
+
+    A path that is valid as it is keeps itself; a sanitised one that equals a path already
+    taken gets the first free ``_<k>``.
+    """
+    raws = list(dict.fromkeys(paths))
     found: dict[str, str] = {"": ""}
-    used: set[str] = set()
-    for raw in paths:
+    found.update((raw, raw) for raw in raws if raw and _clean_path(raw) == raw)
+    used = set(found.values())
+    for raw in raws:
         if raw in found:
             continue
         parent, _, last = raw.rpartition(".")
@@ -102,6 +108,7 @@ class PointNamer:
         self.paths = clean_paths(p for p, _ in model.named_modules(remove_duplicate=False))
         self._names = _Counters(frozenset(self.paths.values()) - {""})
         self._torchvision = LocalNamer()
+        self.calls: list[tuple[str, str]] = []  # (module path, name) of each module call
 
     def path(self, raw: str) -> str:
         """The point-name form of the raw module path ``raw``."""
@@ -117,10 +124,9 @@ class PointNamer:
         """A parameter, buffer or constant read by the model's own code: its dotted target."""
         return self._names.exact(_clean_path(target))
 
-    def module_call(self, raw_path: str) -> tuple[str, str | None]:
-        """A leaf module call: its name, and torchvision's name where that differs."""
-        path = self.path(raw_path)
-        return self._names.module(path), self._other(self._torchvision.name(path), path)
+    def leaf(self, raw_path: str, name: str) -> str | None:
+        """torchvision's name of a leaf module call named ``name``, where it differs."""
+        return self._other(self._torchvision.name(self.path(raw_path)), name)
 
     def op(self, raw_path: str, local: str) -> tuple[str, str | None]:
         """An op ``local`` (fx node name or op name) inside ``raw_path``; and torchvision's name."""
@@ -129,8 +135,17 @@ class PointNamer:
         return name, self._other(self._torchvision.name(qualname), name)
 
     def module_output(self, raw_path: str) -> str:
-        """The name of a non-leaf module call's output (a second call: ``<path>_<k>``)."""
-        return self._names.module(self.path(raw_path))
+        """The name of a module call's output (the k-th call: ``<path>_<k>``); all module
+        calls are named before any op, so that no op takes a name a later call needs."""
+        path = self.path(raw_path)
+        name = self._names.module(path)
+        self.calls.append((path, name))
+        return name
+
+    @property
+    def meta(self) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """Graph meta ``module_calls``: ``(module path, point name)`` per call, in order."""
+        return ("module_calls", tuple(self.calls))
 
     def _other(self, torchvision: str, name: str) -> str | None:
         # A module path always means that module's output, whatever torchvision says.

@@ -53,6 +53,8 @@ class Traced:
     to_inputs: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
     from_outputs: Callable[[Any], Any]
     meta: tuple[tuple[str, AttrValue], ...] = ()
+    # Module calls whose output holds no traced tensor: (module path, output type).
+    opaque_outputs: tuple[tuple[str, str], ...] = ()
 
 
 _LEAF_MODULES: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
