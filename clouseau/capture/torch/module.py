@@ -20,6 +20,7 @@ from clouseau.capture.torch._compat import (
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.intervene import emitting_grads
 from clouseau.capture.torch.lower import Lowered, SaveTarget, lower
+from clouseau.capture.torch.naming import host_array
 from clouseau.capture.torch.probe import FirstRun
 from clouseau.ir.actions import Action
 from clouseau.ir.graph import Graph
@@ -195,7 +196,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         call = sink.begin_call()
         try:
             values = [
-                SavedValue(t.names, t.node, to_numpy(first.values[t.key], copy=False))
+                SavedValue(t.names, t.node, _first_array(first.values[t.key]))
                 for t in entry.targets
             ]
             sink.put(call, entry.graph_id, values)
@@ -286,7 +287,11 @@ def _saved_values(
     targets: tuple[SaveTarget, ...], tensors: tuple[torch.Tensor, ...]
 ) -> list[SavedValue]:
     return [
-        SavedValue(target.names, target.node, to_numpy(t, copy=target.host_copy))
+        SavedValue(
+            target.names,
+            target.node,
+            to_numpy(t, copy=target.host_copy) if isinstance(t, torch.Tensor) else host_array(t),
+        )
         for target, t in zip(targets, tensors, strict=True)
     ]
 
@@ -308,6 +313,11 @@ def _key(value: Any) -> Hashable:
     except TypeError:
         return ("repr", type(value).__name__, repr(value))
     return ("V", type(value), value)
+
+
+def _first_array(value: Any) -> np.ndarray:
+    # The first run's copies are private to it: no second copy.
+    return to_numpy(value, copy=False) if isinstance(value, torch.Tensor) else host_array(value)
 
 
 def to_numpy(t: torch.Tensor, *, copy: bool = True) -> np.ndarray:
