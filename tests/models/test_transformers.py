@@ -136,6 +136,7 @@ def test_a_cache_passed_in_grows_in_place_and_outputs_equal_eager() -> None:
 def test_the_instrumented_model_is_a_drop_in() -> None:
     transformers.logging.set_verbosity_error()
     model, args, _ = gpt2()
+    model.eval()
     fmodel = clouseau.instrument(model, select="transformer.h.*", path=None)
     assert fmodel.config is model.config
     assert fmodel.device == model.device
