@@ -1,4 +1,5 @@
-"""Trace with torch.fx, naming nodes exactly as torchvision's ``get_graph_node_names``."""
+"""Trace with torch.fx, naming nodes as torchvision's ``get_graph_node_names`` (module
+paths first: see :mod:`clouseau.capture.torch.names`)."""
 
 from __future__ import annotations
 
