@@ -92,8 +92,19 @@ def test_module_outputs_equal_hooks_and_names_equal_create_feature_extractor(nam
         fmodel(x)
     captured = fmodel.captured
     paths = {p for p, _ in model.named_modules()}
+    # torchvision returns a value a later in-place op changed (relu(inplace=True) after
+    # an add); clouseau saves the value at its point, a snapshot (DESIGN.md).
+    lowered = fmodel.lowered(x)
+    snapshots = {
+        name
+        for name in names
+        if name in lowered.graph.names()
+        and lowered.graph.point(name).node.key in lowered.traced.probe.mutated_later
+    }
     moved = []
     for node, value in expected.items():
+        if node in snapshots:
+            continue
         if isinstance(value, tuple | list) and not isinstance(value, torch.Size):
             continue  # a tuple of tensors is not a point (see above)
         want = _as_tensor(value)
