@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -16,11 +17,22 @@ from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.export_trace import trace_export
 from clouseau.capture.torch.fx_trace import trace_fx
 from clouseau.capture.torch.naming import source_from_exception, source_from_stack
-from clouseau.capture.torch.probe import Probe, probe
+from clouseau.capture.torch.probe import FirstRun, Probe, probe, probe_call
 from clouseau.capture.torch.traced import NodeInfo, Traced
 from clouseau.ir.errors import TraceError
 from clouseau.ir.graph import AttrValue, Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref
 from clouseau.ir.verify import verify
+
+
+class FirstRunSlot:
+    """The user's first call when the probe ran it (``live``); taken once, then empty."""
+
+    def __init__(self, run: FirstRun | None = None) -> None:
+        self._run = run
+
+    def take(self) -> FirstRun | None:
+        run, self._run = self._run, None
+        return run
 
 
 @dataclass(frozen=True, eq=False)
@@ -30,10 +42,16 @@ class TracedModel:
     traced: Traced
     probe: Probe
     graph: Graph
+    first: FirstRunSlot = field(default_factory=FirstRunSlot)
 
 
-def trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TracedModel:
+def trace_model(
+    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, live: bool = False
+) -> TracedModel:
     """Trace ``model(*args, **kwargs)`` with torch.fx, or torch.export when fx fails.
+
+    With ``live`` the probe run is the user's call itself (its output and values are in
+    ``first``); otherwise it runs on copies and leaves the model, hooks aside, untouched.
 
     Raises
     ------
@@ -60,21 +78,24 @@ def trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tr
     )
     # Tracers patch torch.nn.Module process-wide: no lowered graph may run meanwhile.
     with TRACE_LOCK.exclusive():
-        return _trace_model(model, args, kwargs)
+        return _trace_model(model, args, kwargs, live)
 
 
-def _trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TracedModel:
+def _trace_model(
+    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], live: bool
+) -> TracedModel:
     fx_infos: Mapping[str, NodeInfo] | None = None
+    run = _live_probe if live else _probe
     try:
         traced = trace_fx(model, args, kwargs)
         fx_infos = traced.infos
-        facts = probe(traced.gm, model, traced.to_inputs(args, kwargs))
+        facts, first = run(traced, model, args, kwargs)
     except Exception as fx_error:
         try:
             with quiet_export():
                 traced = trace_export(model, args, kwargs)
-            traced = replace(traced, meta=(("fx_error", _first_line(fx_error)),))
-            facts = probe(traced.gm, model, traced.to_inputs(args, kwargs))
+            traced = replace(traced, meta=(*traced.meta, ("fx_error", _first_line(fx_error))))
+            facts, first = run(traced, model, args, kwargs)
         except Exception as export_error:
             if fx_infos is not None:
                 # fx followed the code but the traced ops failed on the example values:
@@ -83,7 +104,27 @@ def _trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> T
             else:
                 message = _both_failed(model, fx_error, export_error)
             raise TraceError(message) from export_error
-    return TracedModel(traced, facts, build_graph(model, traced, facts))
+    if traced.opaque_outputs:
+        listed = ", ".join(f"{path} ({kind})" for path, kind in traced.opaque_outputs)
+        warnings.warn(
+            f"clouseau: {len(traced.opaque_outputs)} module output(s) of "
+            f"{type(model).__name__} hold no traced tensor and are not points: {listed}. "
+            "Select a tensor computed from them instead.",
+            stacklevel=2,
+        )
+    return TracedModel(traced, facts, build_graph(model, traced, facts), FirstRunSlot(first))
+
+
+def _probe(
+    traced: Traced, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Probe, None]:
+    return probe(traced.gm, model, traced.to_inputs(args, kwargs)), None
+
+
+def _live_probe(
+    traced: Traced, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Probe, FirstRun]:
+    return probe_call(traced.gm, model, traced.to_inputs(args, kwargs))
 
 
 def build_graph(model: torch.nn.Module, traced: Traced, facts: Probe) -> Graph:
@@ -91,6 +132,7 @@ def build_graph(model: torch.nn.Module, traced: Traced, facts: Probe) -> Graph:
     nodes: list[Node] = []
     by_fx: dict[str, str] = {}
     taken: set[str] = set()
+    static: set[str] = set()  # nodes that depend on no input
     for fx_node in traced.gm.graph.nodes:
         info = traced.infos.get(fx_node.name)
         if info is None:
@@ -102,13 +144,18 @@ def build_graph(model: torch.nn.Module, traced: Traced, facts: Probe) -> Graph:
             else (facts.specs.get(fx_node.name, OpaqueSpec("None")),)
         )
         taken.add(info.name)
+        if info.kind is NodeKind.CONSTANT or (
+            info.kind is NodeKind.OP and all(r.node in static for r in inputs)
+        ):
+            static.add(info.name)
         nodes.append(
             Node(
                 name=info.name, kind=info.kind, op=info.op, inputs=inputs, outputs=outputs,
                 module=info.module, module_type=info.module_type, target=info.target,
                 source=info.source, key=fx_node.name,
                 aliases=tuple((0, a) for a in info.aliases),
-                attrs=_module_attrs(model, fx_node),
+                attrs=_module_attrs(model, fx_node)
+                + _point_kind(info, inputs, static, fx_node.name in facts.plain),
             )
         )  # fmt: skip
         by_fx[fx_node.name] = info.name
@@ -120,6 +167,26 @@ def build_graph(model: torch.nn.Module, traced: Traced, facts: Probe) -> Graph:
         meta=(("training", model.training), *traced.meta),
     )
     return verify(graph)
+
+
+def _point_kind(
+    info: NodeInfo, inputs: tuple[Ref, ...], static: set[str], plain: bool
+) -> tuple[tuple[str, AttrValue], ...]:
+    """The attrs that make a value a point in spite of Graph.points' rule for state.
+
+    A module's output computed from state alone (a position embedding fed by a buffer) is
+    a point like any module output. Parameters, buffers, what is computed from them alone
+    and non-tensor values (shapes, ints, None) are points that only their exact name
+    selects (torchvision names them; a bare ``"*"`` would write the state every call).
+    """
+    if info.kind is NodeKind.OUTPUT or (info.kind is NodeKind.INPUT and not plain):
+        return ()
+    is_static = info.kind is NodeKind.CONSTANT or all(r.node in static for r in inputs)
+    if info.module_output and is_static:
+        return (("module_output", True),)
+    if not info.module_output and (is_static or plain):
+        return (("point", "exact"),)
+    return ()
 
 
 # Hyper-parameters of leaf modules that FLOP counts need (a conv's kernel and groups
@@ -189,7 +256,25 @@ def _both_failed(
         f"cannot trace {type(model).__name__}{at}.\n"
         f"  torch.fx failed: {_first_line(fx_error)}\n"
         f"  torch.export failed: {_first_line(export_error)}\n"
-        "Fix: make the control flow on tensor values traceable (torch.where, or torch.cond "
+        f"Fix: {_fix(export_error)}"
+    )
+
+
+_UNKNOWN_TYPE = re.compile(r"Found <class '([^']+)'> in (input|output)|not a known type|pytree")
+
+
+def _fix(export_error: BaseException) -> str:
+    """What to change, from torch.export's cause (the fallback's error is the last word)."""
+    found = _UNKNOWN_TYPE.search(str(export_error))
+    if found:
+        what = f"a {found.group(1)} in its {found.group(2)}" if found.group(1) else "a value"
+        return (
+            f"the model takes or returns {what} that torch.export cannot flatten: register "
+            "its type with torch.utils._pytree.register_pytree_node, or pass and return "
+            "tensors, tuples, lists and dicts of them."
+        )
+    return (
+        "make the control flow on tensor values traceable (torch.where, or torch.cond "
         "for branches), or mark the offending submodule as a leaf with "
         "clouseau.capture.torch.mark_leaf(model.<path>) so it runs untraced as one node."
     )

@@ -12,9 +12,16 @@ import numpy as np
 import torch
 
 from clouseau.capture._session import CaptureSession
+from clouseau.capture.torch._compat import (
+    is_registered_node,
+    register_cache_pytrees,
+    tree_flatten,
+)
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.intervene import emitting_grads
 from clouseau.capture.torch.lower import Lowered, SaveTarget, lower
+from clouseau.capture.torch.naming import host_array
+from clouseau.capture.torch.probe import FirstRun
 from clouseau.ir.actions import Action
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
@@ -92,6 +99,12 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     is traced and lowered lazily per input signature (shapes, dtypes, devices, strides,
     non-tensor arguments, the training flag of every module) and cached; ``.to()`` and
     friends drop the cache, as they may replace buffers the lowered graphs read.
+
+    It is a drop-in for the model: an attribute it does not define is the model's
+    (``fmodel.config``, ``fmodel.device``, ``fmodel.get_input_embeddings()``;
+    ``fmodel.generate`` runs the model's own ``generate``, which does not capture), and
+    ``state_dict()``/``load_state_dict()`` use the model's own keys (no ``model.``
+    prefix), also when the instrumented model is itself a submodule.
     """
 
     def __init__(
@@ -104,6 +117,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     ) -> None:
         super().__init__()
         self.model = model
+        register_cache_pytrees(model)  # so that the first call's cache is keyed as later ones
         self._sink = sink
         self._select = select
         self._intervene = intervene
@@ -112,6 +126,21 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         # own modules and weights, which must be registered (and counted) once.
         self._lowered: dict[Hashable, _Entry] = {}
         self._module_list: tuple[torch.nn.Module, ...] | None = None
+        self.register_state_dict_post_hook(_model_keys)
+        self.register_load_state_dict_pre_hook(_wrapper_keys)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails: the per-call path never comes here.
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            model = self.__dict__["_modules"].get("model")
+            if model is None or name.startswith("__"):
+                raise
+            return getattr(model, name)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(dir(self.model)))
 
     def trace(self, *args: Any, **kwargs: Any) -> Graph:
         """Trace and lower for this call signature now; returns the graph with its saves."""
@@ -133,7 +162,11 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             TRACE_LOCK.exit_shared()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        entry = self._lowered.get(self._key(args, kwargs)) or self._entry(args, kwargs)
+        entry = self._lowered.get(self._key(args, kwargs))
+        if entry is None:
+            entry, first = self._new_entry(args, kwargs, live=True)
+            if first is not None:  # the trace ran this call: nothing runs twice
+                return self._first_call(entry, first)
         if entry.plain:  # the model, and only the model
             return entry.outputs(entry.run(*entry.inputs(args, kwargs)))
         return self._saving_call(entry, entry.inputs(args, kwargs))
@@ -156,6 +189,24 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         sink.end_call(call)
         return entry.outputs(raw)
 
+    def _first_call(self, entry: _Entry, first: FirstRun) -> Any:
+        outputs = entry.lowered.traced.traced.from_outputs(first.output)
+        if entry.plain:
+            return outputs
+        sink = self._sink
+        call = sink.begin_call()
+        try:
+            values = [
+                SavedValue(t.names, t.node, _first_array(first.values[t.key]))
+                for t in entry.targets
+            ]
+            sink.put(call, entry.graph_id, values)
+        except BaseException as error:
+            sink.fail_call(call, error)
+            raise
+        sink.end_call(call)
+        return outputs
+
     def _put_grad(
         self, call: int, graph_id: int, names: tuple[str, ...], node: str, grad: torch.Tensor
     ) -> None:
@@ -169,6 +220,13 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         return (tuple(map(_key, args)), kw, tuple(map(_training, modules)))
 
     def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
+        return self._new_entry(args, kwargs, live=False)[0]
+
+    def _new_entry(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], *, live: bool
+    ) -> tuple[_Entry, FirstRun | None]:
+        """The entry of this call's signature, traced now if new; with ``live`` the trace
+        runs the call itself, and only the thread that traced gets its :class:`FirstRun`."""
         key = self._key(args, kwargs)
         found = self._lowered.get(key)
         if found is None:
@@ -183,11 +241,13 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
                         self._select,
                         intervene=self._intervene,
                         grads=self._grads,
+                        live=live,
                     )
                     graph_id = self._sink.add_graph(lowered.graph)
                     found = _Entry(self.model, lowered, graph_id, args, kwargs)
                     self._lowered[key] = found
-        return found
+                    return found, lowered.traced.first.take()
+        return found, None
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self._lowered.clear()
@@ -200,18 +260,45 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             f", grads={self._grads!r}" if self._grads else ""
         )
 
+    def __repr__(self) -> str:
+        # One line: what it wraps and where the saves go, not the model's whole tree.
+        where = getattr(self._sink, "path", None)
+        to = f"to {str(where)!r}" if where is not None else "in memory"
+        return f"InstrumentedModule({type(self.model).__name__}, {self.extra_repr()}, saving {to})"
+
+
+_PREFIX = "model."
+
+
+def _model_keys(module: torch.nn.Module, state: dict[str, Any], prefix: str, meta: Any) -> None:
+    """``state_dict`` hook: the wrapped model's keys without the wrapper's ``model.``."""
+    inner = prefix + _PREFIX
+    for key in [k for k in state if k.startswith(prefix)]:
+        value = state.pop(key)  # pop and put back every key: the order is kept
+        state[prefix + key[len(inner) :] if key.startswith(inner) else key] = value
+
+
+def _wrapper_keys(module: torch.nn.Module, state: dict[str, Any], prefix: str, *args: Any) -> None:
+    """``load_state_dict`` pre-hook: the model's keys as the wrapper's submodule keys."""
+    for key in [k for k in state if k.startswith(prefix) and not k.startswith(prefix + _PREFIX)]:
+        state[prefix + _PREFIX + key[len(prefix) :]] = state.pop(key)
+
 
 def _saved_values(
     targets: tuple[SaveTarget, ...], tensors: tuple[torch.Tensor, ...]
 ) -> list[SavedValue]:
     for target, t in zip(targets, tensors, strict=True):
-        if t.is_meta:
+        if isinstance(t, torch.Tensor) and t.is_meta:
             raise CaptureError(
                 f"point {target.names[0]!r} is a meta tensor: it has a shape but no values "
                 "to save. Run the model on a real device, or instrument it with select=None"
             )
     return [
-        SavedValue(target.names, target.node, to_numpy(t, copy=target.host_copy))
+        SavedValue(
+            target.names,
+            target.node,
+            to_numpy(t, copy=target.host_copy) if isinstance(t, torch.Tensor) else host_array(t),
+        )
         for target, t in zip(targets, tensors, strict=True)
     ]
 
@@ -224,6 +311,10 @@ def _key(value: Any) -> Hashable:
         return (type(value).__name__, tuple(map(_key, value)))
     if isinstance(value, dict):
         return ("dict", tuple((k, _key(v)) for k, v in value.items()))
+    if is_registered_node(value):
+        # A cache object is keyed by what it holds (it grows in place between calls).
+        leaves, spec = tree_flatten(value)
+        return ("tree", type(value), str(spec), tuple(map(_key, leaves)))
     try:
         hash(value)
     except TypeError:
@@ -236,6 +327,11 @@ _BITS = {
     torch.float8_e4m3fn: (torch.uint8, ml_dtypes.float8_e4m3fn),
     torch.float8_e5m2: (torch.uint8, ml_dtypes.float8_e5m2),
 }
+
+
+def _first_array(value: Any) -> np.ndarray:
+    # The first run's copies are private to it: no second copy.
+    return to_numpy(value, copy=False) if isinstance(value, torch.Tensor) else host_array(value)
 
 
 def to_numpy(t: torch.Tensor, *, copy: bool = True) -> np.ndarray:
