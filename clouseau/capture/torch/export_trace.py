@@ -17,7 +17,13 @@ import torch
 import torch.fx as fx
 from torch.export.graph_signature import InputKind, OutputKind
 
-from clouseau.capture.torch._compat import tree_flatten, tree_unflatten
+from clouseau.capture.torch._compat import (
+    check_export_inputs,
+    tree_flatten,
+    tree_flatten_with_path,
+    tree_map,
+    tree_unflatten,
+)
 from clouseau.capture.torch.naming import (
     LocalNamer,
     function_op,
@@ -39,7 +45,7 @@ _WEIGHTS = {
 def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
     """Trace ``model`` with ``torch.export.export(strict=False)`` into a :class:`Traced`."""
     kwargs = canonical_kwargs(model, kwargs)
-    ep = torch.export.export(model, args, kwargs, strict=False)
+    ep = _export(model, args, kwargs)
     graph = ep.graph_module.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     attrs: dict[str, Any] = {}
@@ -84,13 +90,47 @@ def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
             )
         return tuple(leaves)
 
+    user_inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    ranges = ep.range_constraints
+
+    def accepts(a: tuple[Any, ...], kw: dict[str, Any]) -> bool:
+        flat, spec = tree_flatten_with_path((tuple(a), canonical_kwargs(model, kw)))
+        if spec != in_spec:
+            return False
+        try:
+            check_export_inputs(user_inputs, flat, ranges)
+        except Exception:  # noqa: BLE001 - any broken guard: export again
+            return False
+        return True
+
     return Traced(
         gm=gm,
         frontend=Frontend.TORCH_EXPORT,
         infos=_infos(gm.graph, type(model).__name__, weight_kind),
         to_inputs=to_inputs,
         from_outputs=lambda flat: tree_unflatten(list(flat), out_spec),
+        accepts=accepts,
     )
+
+
+def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Export with every tensor dimension free (``Dim.AUTO``): torch.export keeps dynamic
+    what the model lets vary and specializes the rest, so one export serves every shape
+    its guards allow. Inputs whose structure ``dynamic_shapes`` cannot describe (a custom
+    container) are exported with static shapes, once per shape."""
+    dynamic = tree_map(_auto_dims, (tuple(args), kwargs))
+    try:
+        return torch.export.export(
+            model, args, kwargs, dynamic_shapes=(*dynamic[0], *dynamic[1].values()), strict=False
+        )
+    except Exception:  # noqa: BLE001 - fall back to the static export, whose error is the one shown
+        return torch.export.export(model, args, kwargs, strict=False)
+
+
+def _auto_dims(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return {i: torch.export.Dim.AUTO for i in range(value.dim())}
+    return None
 
 
 def _infos(

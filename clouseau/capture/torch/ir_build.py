@@ -18,9 +18,21 @@ from clouseau.capture.torch.export_trace import trace_export
 from clouseau.capture.torch.fx_trace import trace_fx
 from clouseau.capture.torch.naming import source_from_exception
 from clouseau.capture.torch.probe import Probe, probe
+from clouseau.capture.torch.symbolic import Symbols, export_symbols, fx_symbols
 from clouseau.capture.torch.traced import NodeInfo, Traced
 from clouseau.ir.errors import TraceError
-from clouseau.ir.graph import AttrValue, Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref
+from clouseau.ir.graph import (
+    AttrValue,
+    Frontend,
+    Graph,
+    ModuleInfo,
+    Node,
+    NodeKind,
+    OpaqueSpec,
+    Ref,
+    Spec,
+    TensorSpec,
+)
 from clouseau.ir.verify import verify
 
 
@@ -84,11 +96,25 @@ def _trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> T
             else:
                 message = _both_failed(model, fx_error, export_error)
             raise TraceError(message) from export_error
-    return TracedModel(traced, facts, build_graph(model, traced, facts))
+    symbols = (
+        fx_symbols(traced.gm, model, traced.to_inputs(args, kwargs))
+        if traced.frontend is Frontend.TORCH_FX
+        else export_symbols(traced.gm.graph)
+    )
+    return TracedModel(traced, facts, build_graph(model, traced, facts, symbols))
 
 
-def build_graph(model: torch.nn.Module, traced: Traced, facts: Probe) -> Graph:
-    """The verified IR of ``traced``, with the specs observed by ``facts``."""
+def build_graph(
+    model: torch.nn.Module,
+    traced: Traced,
+    facts: Probe,
+    symbols: Mapping[str, Symbols] | None = None,
+) -> Graph:
+    """The verified IR of ``traced``, with the specs observed by ``facts``.
+
+    ``symbols`` (by fx node name) marks the dimensions that follow the inputs' sizes.
+    """
+    symbols = symbols or {}
     nodes: list[Node] = []
     by_fx: dict[str, str] = {}
     taken: set[str] = set()
@@ -100,7 +126,7 @@ def build_graph(model: torch.nn.Module, traced: Traced, facts: Probe) -> Graph:
         outputs = (
             ()
             if info.kind is NodeKind.OUTPUT
-            else (facts.specs.get(fx_node.name, OpaqueSpec("None")),)
+            else (_with_symbols(facts.specs.get(fx_node.name), symbols.get(fx_node.name)),)
         )
         taken.add(info.name)
         nodes.append(
@@ -121,6 +147,14 @@ def build_graph(model: torch.nn.Module, traced: Traced, facts: Probe) -> Graph:
         meta=(("training", model.training), *traced.meta),
     )
     return verify(graph)
+
+
+def _with_symbols(spec: Spec | None, symbols: Symbols | None) -> Spec:
+    if spec is None:
+        return OpaqueSpec("None")
+    if symbols and isinstance(spec, TensorSpec) and len(symbols) == len(spec.shape):
+        return replace(spec, symbols=symbols)
+    return spec
 
 
 # Hyper-parameters of leaf modules that FLOP counts need (a conv's kernel and groups
@@ -245,7 +279,11 @@ def _quiet_export_logs() -> Iterator[None]:
     # (graph dumps, fake-tensor tracebacks) would bury it. Under TRACE_LOCK: no race.
     loggers = [
         logging.getLogger(name)
-        for name in ("torch.fx.experimental.symbolic_shapes", "torch._subclasses.fake_tensor")
+        for name in (
+            "torch.fx.experimental.symbolic_shapes",
+            "torch._subclasses.fake_tensor",
+            "torch._export.non_strict_utils",  # "0/1 specialized": a re-export handles it
+        )
     ]
     levels = [logger.level for logger in loggers]
     for logger in loggers:

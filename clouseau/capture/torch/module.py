@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
+from dataclasses import replace
 from functools import partial
 from operator import attrgetter
 from typing import Any
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 
 from clouseau.capture._session import CaptureSession
+from clouseau.capture.torch._compat import tree_leaves
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.intervene import emitting_grads
 from clouseau.capture.torch.lower import Lowered, SaveTarget, lower
@@ -34,7 +36,18 @@ class _Entry:
     entry fixes the count of positional arguments and the keyword names).
     """
 
-    __slots__ = ("grads", "graph_id", "inputs", "lowered", "outputs", "plain", "run", "targets")
+    __slots__ = (
+        "accepts",
+        "grads",
+        "graph_id",
+        "inputs",
+        "lowered",
+        "outputs",
+        "plain",
+        "run",
+        "targets",
+        "unverified",
+    )
 
     def __init__(
         self,
@@ -59,6 +72,31 @@ class _Entry:
         # Nothing to save now or at backward: the call is the model's (interventions and
         # all), with no sink bookkeeping.
         self.plain = not (self.targets or self.grads)
+        self.accepts = traced.accepts
+        # A new shape of this entry's structure: its first saving call checks that no
+        # saved value handed out without a copy shares memory beyond the call.
+        self.unverified = False
+
+    def verify(self, inputs: tuple[Any, ...], raw: Any, model: torch.nn.Module) -> None:
+        """Copy, from now on, every saved value whose memory this call shows to escape.
+
+        The probe of the traced shape decided which saved values are private to a call
+        (handed to the sink without a copy). A view at one shape may be a copy at another
+        (``reshape``), so a call at a new shape checks the private ones against the
+        inputs, the weights and the outputs: a cheap storage comparison.
+        """
+        self.unverified = False
+        private = [i for i, t in enumerate(self.targets) if not t.host_copy]
+        if not private:
+            return
+        external = {_storage(t) for t in _tensors((inputs, raw[0]))}
+        external |= {_storage(t) for t in (*model.parameters(), *model.buffers())}
+        escaping = {i for i in private if _storage(raw[1][i]) in external}
+        if escaping:
+            self.targets = tuple(
+                replace(t, host_copy=True) if i in escaping else t
+                for i, t in enumerate(self.targets)
+            )
 
 
 def _direct_attributes(gm: torch.fx.GraphModule, model: torch.nn.Module) -> None:
@@ -88,9 +126,16 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     """``model`` that also hands the selected activations of every call to a sink.
 
     The model is held as the submodule ``model`` (parameters shared, not copied). A graph
-    is traced and lowered lazily per input signature (shapes, dtypes, devices, strides,
-    non-tensor arguments, the training flag of every module) and cached; ``.to()`` and
-    friends drop the cache, as they may replace buffers the lowered graphs read.
+    is traced and lowered lazily per input *structure* (pytree, dtypes, ranks, devices,
+    non-tensor arguments, the training flag of every module), not per shape: an fx graph
+    takes any shape, an exported one every shape its guards allow (a call that breaks
+    them exports again). ``traces`` counts the traces. ``.to()`` and friends drop the
+    cache, as they may replace buffers the lowered graphs read.
+
+    Attributes
+    ----------
+    traces : int
+        How many times the model was traced (a new structure, or a broken guard).
     """
 
     def __init__(
@@ -109,8 +154,13 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         self._grads = grads
         # Plain dict, not submodules: the lowered graphs hold references to the model's
         # own modules and weights, which must be registered (and counted) once.
+        # Two levels: the exact call signature (shapes included) -> its entry, a dict hit
+        # per call; on a miss, the entries of the call's structure, the first whose
+        # guards accept the call.
         self._lowered: dict[Hashable, _Entry] = {}
+        self._by_structure: dict[Hashable, list[_Entry]] = {}
         self._module_list: tuple[torch.nn.Module, ...] | None = None
+        self.traces = 0
 
     def trace(self, *args: Any, **kwargs: Any) -> Graph:
         """Trace and lower for this call signature now; returns the graph with its saves."""
@@ -147,6 +197,8 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
                     raw = entry.run(*inputs)
             else:
                 raw = entry.run(*inputs)
+            if entry.unverified and entry.targets:
+                entry.verify(inputs, raw, self.model)
             if entry.targets:
                 sink.put(call, entry.graph_id, _saved_values(entry.targets, raw[1]))
         except BaseException as error:
@@ -160,12 +212,18 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     ) -> None:
         self._sink.put(call, graph_id, [SavedValue(names, node, to_numpy(grad))])
 
-    def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
+    def _key(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        of: Callable[[Any], Hashable] | None = None,
+    ) -> Hashable:
+        of = of or _key
         modules = self._module_list
         if modules is None:  # walking the module tree each call costs more
             modules = self._module_list = tuple(self.model.modules())
-        kw = tuple(sorted((k, _key(v)) for k, v in kwargs.items())) if kwargs else ()
-        return (tuple(map(_key, args)), kw, tuple(map(_training, modules)))
+        kw = tuple(sorted((k, of(v)) for k, v in kwargs.items())) if kwargs else ()
+        return (tuple(map(of, args)), kw, tuple(map(_training, modules)))
 
     def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
         key = self._key(args, kwargs)
@@ -175,21 +233,31 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             with TRACE_LOCK.exclusive():
                 found = self._lowered.get(key)
                 if found is None:
-                    lowered = lower(
-                        self.model,
-                        args,
-                        kwargs,
-                        self._select,
-                        intervene=self._intervene,
-                        grads=self._grads,
-                    )
-                    graph_id = self._sink.add_graph(lowered.graph)
-                    found = _Entry(self.model, lowered, graph_id, args, kwargs)
+                    found = self._for_structure(args, kwargs)
+                    if len(self._lowered) >= _MAX_SIGNATURES:  # unbounded shapes: start over
+                        self._lowered.clear()
                     self._lowered[key] = found
         return found
 
+    def _for_structure(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
+        """The entry of this call's structure whose guards accept it, traced if none does."""
+        entries = self._by_structure.setdefault(self._key(args, kwargs, _structure), [])
+        for entry in entries:
+            if entry.accepts is None or entry.accepts(args, kwargs):
+                entry.unverified = True
+                return entry
+        lowered = lower(
+            self.model, args, kwargs, self._select, intervene=self._intervene, grads=self._grads
+        )
+        self.traces += 1
+        graph_id = self._sink.add_graph(lowered.graph)
+        entry = _Entry(self.model, lowered, graph_id, args, kwargs)
+        entries.append(entry)
+        return entry
+
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self._lowered.clear()
+        self._by_structure.clear()
         self._module_list = None
         return super()._apply(fn, *args, **kwargs)
 
@@ -210,6 +278,7 @@ def _saved_values(
 
 
 def _key(value: Any) -> Hashable:
+    """The exact signature of an argument: a tensor's shape and strides included."""
     if isinstance(value, torch.Tensor):
         # torch.Size is a tuple: hashable as it is.
         return ("T", value.shape, value.stride(), value.dtype, value.device)
@@ -217,11 +286,38 @@ def _key(value: Any) -> Hashable:
         return (type(value).__name__, tuple(map(_key, value)))
     if isinstance(value, dict):
         return ("dict", tuple((k, _key(v)) for k, v in value.items()))
+    return _value_key(value)
+
+
+def _structure(value: Any) -> Hashable:
+    """What a trace depends on: a tensor's rank, dtype and device, not its sizes."""
+    if isinstance(value, torch.Tensor):
+        return ("T", value.dim(), value.dtype, value.device)
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, tuple(map(_structure, value)))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _structure(v)) for k, v in value.items()))
+    return _value_key(value)
+
+
+def _value_key(value: Any) -> Hashable:
     try:
         hash(value)
     except TypeError:
         return ("repr", type(value).__name__, repr(value))
     return ("V", type(value), value)
+
+
+# Exact signatures remembered (a dict hit per call); past it the memo starts over.
+_MAX_SIGNATURES = 4096
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def _storage(t: torch.Tensor) -> tuple[str, int]:
+    return (str(t.device), t.untyped_storage().data_ptr())
 
 
 def to_numpy(t: torch.Tensor, *, copy: bool = True) -> np.ndarray:
