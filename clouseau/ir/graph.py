@@ -134,6 +134,8 @@ INSTRUMENTATION = frozenset({NodeKind.SAVE, NodeKind.INTERVENE, NodeKind.SAVE_GR
 class Frontend(enum.Enum):
     TORCH_FX = "torch.fx"
     TORCH_EXPORT = "torch.export"
+    TORCH_DYNAMO = "torch.dynamo"  # one graph per region between Dynamo's graph breaks
+    TORCH_HOOKS = "torch.hooks"  # module outputs through forward hooks: the last resort
     JAX = "jax"
 
 

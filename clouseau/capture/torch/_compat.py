@@ -77,3 +77,17 @@ def check_export_inputs(
 
 def tree_flatten_with_path(tree: Any) -> tuple[list[Any], TreeSpec]:
     return _pytree.tree_flatten_with_path(tree)
+
+
+def dynamo_frame_module() -> Any:
+    """In a ``torch.compile`` backend call: the module whose method Dynamo is compiling
+    (the frame's first argument), or None."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+        first = tx.f_code.co_varnames[0] if tx.f_code.co_argcount else None
+        found = tx.f_locals.get(first) if first else None
+    except Exception:
+        return None
+    return found if isinstance(found, torch.nn.Module) else None

@@ -99,7 +99,7 @@ def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
             return False
         try:
             check_export_inputs(user_inputs, flat, ranges)
-        except Exception:  # noqa: BLE001 - any broken guard: export again
+        except Exception:
             return False
         return True
 
@@ -123,7 +123,7 @@ def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
         return torch.export.export(
             model, args, kwargs, dynamic_shapes=(*dynamic[0], *dynamic[1].values()), strict=False
         )
-    except Exception:  # noqa: BLE001 - fall back to the static export, whose error is the one shown
+    except Exception:
         return torch.export.export(model, args, kwargs, strict=False)
 
 
@@ -134,8 +134,17 @@ def _auto_dims(value: Any) -> Any:
 
 
 def _infos(
-    graph: fx.Graph, root_type: str, weight_kind: dict[str, tuple[str, str]]
+    graph: fx.Graph,
+    root_type: str,
+    weight_kind: dict[str, tuple[str, str]],
+    input_names: dict[str, str] | None = None,
 ) -> dict[str, NodeInfo]:
+    """The IR facts of each node, named from ``nn_module_stack``.
+
+    ``weight_kind`` (by fx node name): the weights, as ``(kind, qualified name)``, read
+    through ``get_attr`` or handed in as inputs (Dynamo lifts them); ``input_names``
+    renames inputs.
+    """
     stacks = {n: _stack(n) for n in graph.nodes}
     members: dict[str, set[fx.Node]] = {}
     for node, stack in stacks.items():
@@ -149,11 +158,12 @@ def _infos(
         if node.op == "output":
             infos[node.name] = NodeInfo("output", NodeKind.OUTPUT, "output")
             continue
-        if node.op == "placeholder":
-            namer.reserve(node.name)
-            infos[node.name] = NodeInfo(node.name, NodeKind.INPUT, "input", target=str(node.target))
+        if node.op == "placeholder" and node.name not in weight_kind:
+            name = (input_names or {}).get(node.name, node.name)
+            namer.reserve(name)
+            infos[node.name] = NodeInfo(name, NodeKind.INPUT, "input", target=str(node.target))
             continue
-        if node.op == "get_attr":
+        if node.op in ("get_attr", "placeholder"):
             op, target = weight_kind.get(node.name, ("constant", str(node.target)))
             # A weight read only inside built-in modules (conv, linear) is not a point of
             # the fx graph either; keep those read by the user's own code.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import re
 from collections.abc import Iterator, Mapping
@@ -34,6 +36,15 @@ from clouseau.ir.graph import (
     TensorSpec,
 )
 from clouseau.ir.verify import verify
+
+
+class UntraceableError(TraceError):
+    """Neither torch.fx nor torch.export can trace the model (its control flow, not its
+    inputs): ``reasons`` holds the first line of each tracer's error."""
+
+    def __init__(self, message: str, reasons: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.reasons = reasons
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,9 +104,14 @@ def _trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> T
                 # fx followed the code but the traced ops failed on the example values:
                 # the inputs (shapes, dtypes, types) do not fit the model.
                 message = _inputs_rejected(model, args, kwargs, fx_error, export_error, fx_infos)
-            else:
-                message = _both_failed(model, fx_error, export_error)
-            raise TraceError(message) from export_error
+                raise TraceError(message) from export_error
+            raise UntraceableError(
+                _both_failed(model, fx_error, export_error),
+                (
+                    f"torch.fx: {_first_line(fx_error)}",
+                    f"torch.export: {_first_line(export_error)}",
+                ),
+            ) from export_error
     symbols = (
         fx_symbols(traced.gm, model, traced.to_inputs(args, kwargs))
         if traced.frontend is Frontend.TORCH_FX
@@ -289,7 +305,9 @@ def _quiet_export_logs() -> Iterator[None]:
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
     try:
-        yield
+        # A failed export also prints its partial graph to stderr.
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)

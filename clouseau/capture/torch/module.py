@@ -16,8 +16,10 @@ from clouseau.capture._session import CaptureSession
 from clouseau.capture.torch._compat import tree_leaves
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.intervene import emitting_grads
+from clouseau.capture.torch.ir_build import UntraceableError
 from clouseau.capture.torch.lower import Lowered, SaveTarget, lower
 from clouseau.ir.actions import Action
+from clouseau.ir.errors import TraceError
 from clouseau.ir.graph import Graph
 from clouseau.ir.interventions import Grads
 from clouseau.ir.selection import SelectLike
@@ -46,6 +48,7 @@ class _Entry:
         "plain",
         "run",
         "targets",
+        "tier",
         "unverified",
     )
 
@@ -73,6 +76,7 @@ class _Entry:
         # all), with no sink bookkeeping.
         self.plain = not (self.targets or self.grads)
         self.accepts = traced.accepts
+        self.tier: Callable[[tuple[Any, ...], dict[str, Any]], Any] | None = None
         # A new shape of this entry's structure: its first saving call checks that no
         # saved value handed out without a copy shares memory beyond the call.
         self.unverified = False
@@ -160,15 +164,29 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         self._lowered: dict[Hashable, _Entry] = {}
         self._by_structure: dict[Hashable, list[_Entry]] = {}
         self._module_list: tuple[torch.nn.Module, ...] | None = None
-        self.traces = 0
+        self._traces = 0
+        self._tier: Any = None  # the dynamic or hook tier, once fx and export failed
+
+    @property
+    def traces(self) -> int:
+        """How many graphs were traced: one per input structure (and per broken export
+        guard), plus one per region Dynamo compiled in the dynamic tier."""
+        return self._traces + (self._tier.traces if self._tier is not None else 0)
 
     def trace(self, *args: Any, **kwargs: Any) -> Graph:
         """Trace and lower for this call signature now; returns the graph with its saves."""
-        return self._entry(args, kwargs).lowered.graph
+        return self.lowered(*args, **kwargs).graph
 
     def lowered(self, *args: Any, **kwargs: Any) -> Lowered:
         """The lowered GraphModule for this call signature (e.g. for an ONNX exporter)."""
-        return self._entry(args, kwargs).lowered
+        entry = self._entry(args, kwargs)
+        if entry.tier is not None:
+            raise TraceError(
+                f"{type(self.model).__name__} runs in the {self._tier.name} tier: it has no single "
+                "graph to trace ahead of a call; call the model, then read the graph of each "
+                "region in fmodel.captured.graphs"
+            )
+        return entry.lowered
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # While another thread traces, torch.fx has patched nn.Module.__call__ itself, so
@@ -185,6 +203,8 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         entry = self._lowered.get(self._key(args, kwargs)) or self._entry(args, kwargs)
         if entry.plain:  # the model, and only the model
             return entry.outputs(entry.run(*entry.inputs(args, kwargs)))
+        if entry.tier is not None:  # the dynamic or hook tier: it runs the whole call
+            return entry.tier(args, kwargs)
         return self._saving_call(entry, entry.inputs(args, kwargs))
 
     def _saving_call(self, entry: _Entry, inputs: tuple[Any, ...]) -> Any:
@@ -225,7 +245,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         kw = tuple(sorted((k, of(v)) for k, v in kwargs.items())) if kwargs else ()
         return (tuple(map(of, args)), kw, tuple(map(_training, modules)))
 
-    def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
+    def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         key = self._key(args, kwargs)
         found = self._lowered.get(key)
         if found is None:
@@ -239,21 +259,60 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
                     self._lowered[key] = found
         return found
 
-    def _for_structure(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
+    def _for_structure(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The entry of this call's structure whose guards accept it, traced if none does."""
+        if self._tier is not None:
+            return self._tier_entry
         entries = self._by_structure.setdefault(self._key(args, kwargs, _structure), [])
         for entry in entries:
             if entry.accepts is None or entry.accepts(args, kwargs):
                 entry.unverified = True
                 return entry
-        lowered = lower(
-            self.model, args, kwargs, self._select, intervene=self._intervene, grads=self._grads
-        )
-        self.traces += 1
+        try:
+            lowered = lower(
+                self.model, args, kwargs, self._select, intervene=self._intervene, grads=self._grads
+            )
+        except UntraceableError as error:
+            if self._grads:
+                raise  # gradients are saved by the static tiers only
+            from clouseau.capture.torch.dynamo import DynamicTier
+
+            tier = DynamicTier(self.model, self._select, self._sink, self._intervene)
+            return self._to_tier(tier, tier.name, error.reasons)
+        self._traces += 1
         graph_id = self._sink.add_graph(lowered.graph)
         entry = _Entry(self.model, lowered, graph_id, args, kwargs)
         entries.append(entry)
         return entry
+
+    def _to_tier(self, tier: Any, name: str, reasons: tuple[str, ...]) -> _TierEntry:
+        from clouseau.capture.torch.dynamo import warn_tier
+
+        warn_tier(self.model, name, reasons)
+        self._tier = tier
+        self._tier_entry = _TierEntry(self._call_tier)
+        return self._tier_entry
+
+    def _call_tier(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from clouseau.capture.torch.dynamo import DynamicTier
+
+        tier = self._tier
+        out = tier(args, kwargs)
+        if isinstance(tier, DynamicTier):
+            name = type(self.model).__name__
+            if tier.failure is not None:  # this call ran with hooks already
+                self._to_hooks(tier.failure)
+            elif not tier.compiler.root_compiled:
+                # This call saved what Dynamo compiled (nested modules); later calls see
+                # every module through hooks.
+                self._to_hooks(f"TorchDynamo skipped {name}.forward: a graph break inside a loop")
+        return out
+
+    def _to_hooks(self, reason: str) -> None:
+        from clouseau.capture.torch.dynamo import HookTier
+
+        hooks = HookTier(self.model, self._select, self._sink)
+        self._to_tier(hooks, hooks.name, (reason,))
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self._lowered.clear()
@@ -266,6 +325,16 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         return f"select={self._select!r}{extra}" + (
             f", grads={self._grads!r}" if self._grads else ""
         )
+
+
+class _TierEntry:
+    """The entry of every call once the model runs in the dynamic or hook tier."""
+
+    __slots__ = ("plain", "tier")
+
+    def __init__(self, tier: Callable[[tuple[Any, ...], dict[str, Any]], Any]) -> None:
+        self.plain = False
+        self.tier = tier
 
 
 def _saved_values(

@@ -17,13 +17,13 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from clouseau.capture.torch.probe import restoring_buffers
 from clouseau.capture.torch._compat import (
     dynamic_fake_mode,
     fake_from_tensor,
     simplified,
     tree_leaves,
 )
+from clouseau.capture.torch.probe import restoring_buffers
 
 Symbols = tuple[str, ...]
 
@@ -43,17 +43,20 @@ def fx_symbols(
         # Scalar buffers (BatchNorm's counter) may run for real: keep the model as it was.
         with torch.no_grad(), restoring_buffers(model), mode:
             _Runner(gm, values).run(*fakes)
-    except Exception:  # noqa: BLE001 - best effort: the graph itself is unaffected
+    except Exception:
         return {}
     rename = _renamer(v for x in fakes for v in tree_leaves(x))
     return _symbols(values, lambda e: simplified(env, e), rename)
 
 
-def export_symbols(graph: fx.Graph) -> dict[str, Symbols]:
-    """Per fx node name of an exported graph, the symbols of its tensor value."""
-    placeholders = [n.meta.get("val") for n in graph.nodes if n.op == "placeholder"]
+def export_symbols(graph: fx.Graph, key: str = "val") -> dict[str, Symbols]:
+    """Per fx node name of an exported graph, the symbols of its tensor value.
+
+    ``key``: the node meta holding the fake value (``example_value`` in Dynamo's graphs).
+    """
+    placeholders = [n.meta.get(key) for n in graph.nodes if n.op == "placeholder"]
     rename = _renamer(placeholders)
-    values = {n.name: n.meta.get("val") for n in graph.nodes}
+    values = {n.name: n.meta.get(key) for n in graph.nodes}
     return _symbols(values, lambda e: e, rename)
 
 
