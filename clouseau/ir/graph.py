@@ -284,12 +284,14 @@ class Graph:
         Parameters, buffers and literals (CONSTANT nodes), and values computed from them
         alone (a transposed weight, a mask built from constants), are not points: they are
         the model's state, not its activations, and would be written again on every call.
+        A module's output is a point all the same (attr ``module_output``): a module fed
+        only by buffers (a position embedding) is still a module call a user selects.
         """
         found: list[Point] = []
         for node in self.nodes:
             if node.kind in INSTRUMENTATION or node.kind is NodeKind.OUTPUT:
                 continue
-            if node.name in self._static:
+            if node.name in self._static and not node.attr("module_output"):
                 continue
             for i, spec in enumerate(node.outputs):
                 if isinstance(spec, TensorSpec):

@@ -35,6 +35,11 @@ def tree_leaves(tree: Any) -> list[Any]:
     return _pytree.tree_leaves(tree)
 
 
+def is_registered_node(value: Any) -> bool:
+    """Whether ``value``'s type is a pytree node registered by a library (a cache object)."""
+    return type(value) in _pytree.SUPPORTED_NODES
+
+
 def is_op_overload(target: Any) -> bool:
     """Whether an fx call target is an ATen operator (``torch.ops.aten.add.Tensor``)."""
     return isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket)
@@ -91,3 +96,20 @@ def dynamo_frame_module() -> Any:
     except Exception:
         return None
     return found if isinstance(found, torch.nn.Module) else None
+
+
+def register_cache_pytrees(model: torch.nn.Module) -> None:
+    """Make Hugging Face cache objects (``DynamicCache``, ...) pytrees, for torch.export.
+
+    A transformers model's default call builds and returns a cache; torch.export refuses
+    an output type it cannot flatten. transformers' own exporter registers every ``Cache``
+    subclass (and the model module's ``*Cache`` classes); registering twice is a no-op.
+    Models of other libraries are left alone.
+    """
+    if not type(model).__module__.startswith("transformers."):
+        return
+    try:
+        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+    except ImportError:  # another transformers release: leave the caches as they are
+        return
+    register_cache_pytrees_for_model(model)

@@ -19,18 +19,16 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from clouseau.capture.torch._compat import (
     check_export_inputs,
+    register_cache_pytrees,
     tree_flatten,
     tree_flatten_with_path,
     tree_map,
     tree_unflatten,
 )
-from clouseau.capture.torch.naming import (
-    LocalNamer,
-    function_op,
-    qualify,
-    source_from_stack_trace,
-    target_name,
-)
+from clouseau.capture.torch.caches import CacheAdopter
+from clouseau.capture.torch.export_marks import Mark, Marks, marking, take_marks
+from clouseau.capture.torch.names import PointNamer
+from clouseau.capture.torch.naming import function_op, source_from_stack_trace, target_name
 from clouseau.capture.torch.traced import NodeInfo, Traced, canonical_kwargs, is_leaf_type_name
 from clouseau.ir.errors import TraceError
 from clouseau.ir.graph import Frontend, NodeKind
@@ -45,8 +43,11 @@ _WEIGHTS = {
 def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
     """Trace ``model`` with ``torch.export.export(strict=False)`` into a :class:`Traced`."""
     kwargs = canonical_kwargs(model, kwargs)
-    ep = _export(model, args, kwargs)
+    register_cache_pytrees(model)
+    with marking(model) as marks:
+        ep = _export(model, args, kwargs)
     graph = ep.graph_module.graph
+    marked = take_marks(ep.graph_module, marks)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     attrs: dict[str, Any] = {}
     weight_kind: dict[str, tuple[str, str]] = {}
@@ -77,12 +78,22 @@ def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
             raise TraceError(
                 f"torch.export produced an output clouseau cannot run: {out_spec.kind.name}"
             )
+    # Regions export records as higher-order ops (autocast, set_grad_enabled) are submodules.
+    for node in graph.nodes:
+        if node.op == "get_attr" and node.target not in attrs:
+            found = getattr(ep.graph_module, str(node.target), None)
+            if isinstance(found, fx.GraphModule):
+                attrs[str(node.target)] = found
     gm = fx.GraphModule(attrs, graph, class_name=type(model).__name__)
     call_sig = ep.module_call_graph[0].signature
     assert call_sig is not None
     in_spec, out_spec = call_sig.in_spec, call_sig.out_spec
 
+    caches = CacheAdopter()
+    namer = PointNamer(model)
+
     def to_inputs(a: tuple[Any, ...], kw: dict[str, Any]) -> tuple[Any, ...]:
+        caches.remember(a, kw)
         leaves, spec = tree_flatten((tuple(a), canonical_kwargs(model, kw)))
         if spec != in_spec:
             raise TraceError(
@@ -106,9 +117,11 @@ def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
     return Traced(
         gm=gm,
         frontend=Frontend.TORCH_EXPORT,
-        infos=_infos(gm.graph, type(model).__name__, weight_kind),
+        infos=_infos(gm.graph, namer, type(model).__name__, weight_kind, marked, marks),
         to_inputs=to_inputs,
-        from_outputs=lambda flat: tree_unflatten(list(flat), out_spec),
+        from_outputs=lambda flat: caches.adopt(tree_unflatten(list(flat), out_spec)),
+        opaque_outputs=tuple((namer.path(p), t) for p, t in marks.untraceable.items()),
+        meta=(namer.meta,),
         accepts=accepts,
     )
 
@@ -135,59 +148,78 @@ def _auto_dims(value: Any) -> Any:
 
 def _infos(
     graph: fx.Graph,
+    namer: PointNamer,
     root_type: str,
     weight_kind: dict[str, tuple[str, str]],
-    input_names: dict[str, str] | None = None,
+    marked: dict[fx.Node, list[Mark]],
+    marks: Marks,
 ) -> dict[str, NodeInfo]:
-    """The IR facts of each node, named from ``nn_module_stack``.
-
-    ``weight_kind`` (by fx node name): the weights, as ``(kind, qualified name)``, read
-    through ``get_attr`` or handed in as inputs (Dynamo lifts them); ``input_names``
-    renames inputs.
-    """
-    stacks = {n: _stack(n) for n in graph.nodes}
-    members: dict[str, set[fx.Node]] = {}
-    for node, stack in stacks.items():
-        for key, _, _, _ in stack:
-            members.setdefault(key, set()).add(node)
-    owned = _module_outputs(members)
-    namer = LocalNamer()
+    # Module calls are named first, in call order: the k-th call of a module is <path>_<k>.
+    calls = [namer.module_output(path) for path in marks.calls]
     infos: dict[str, NodeInfo] = {}
     for node in graph.nodes:
-        stack = stacks[node]
+        stack = _stack(node)
         if node.op == "output":
             infos[node.name] = NodeInfo("output", NodeKind.OUTPUT, "output")
             continue
-        if node.op == "placeholder" and node.name not in weight_kind:
-            name = (input_names or {}).get(node.name, node.name)
-            namer.reserve(name)
+        if node.op == "placeholder":
+            name = namer.input(node.name)
             infos[node.name] = NodeInfo(name, NodeKind.INPUT, "input", target=str(node.target))
             continue
-        if node.op in ("get_attr", "placeholder"):
+        names = [name for m in marked.get(node, ()) for name in _mark_names(m, calls, marks)]
+        if node.op == "get_attr":
             op, target = weight_kind.get(node.name, ("constant", str(node.target)))
             # A weight read only inside built-in modules (conv, linear) is not a point of
             # the fx graph either; keep those read by the user's own code.
-            if all(_inside_leaf(stacks[u]) for u in node.users):
+            if not names and all(_inside_leaf(stacks) for stacks in map(_stack, node.users)):
                 continue
-            namer.reserve(target)
-            infos[node.name] = NodeInfo(target, NodeKind.CONSTANT, op, target=target)
+            infos[node.name] = NodeInfo(
+                namer.state(target), NodeKind.CONSTANT, op, target=target,
+                aliases=tuple(names), module_output=bool(names),
+            )  # fmt: skip
             continue
-        path, module_type = (stack[-1][1], stack[-1][2]) if stack else ("", root_type)
-        outputs_of = [entry for entry in reversed(stack) if node in owned.get(entry[0], ())]
-        op = _op(node)
-        if outputs_of and outputs_of[0][0] == stack[-1][0] and is_leaf_type_name(stack[-1][3]):
-            name = namer.name(path)
-            op = module_type.lower()
-            outputs_of = outputs_of[1:]
+        raw, module_type = (stack[-1][1], stack[-1][2]) if stack else ("", root_type)
+        op = function_op(node.target)
+        leaf = _leaf_output(node, stack, marked, marks)
+        if leaf is not None:
+            name, op = (
+                names.pop(names.index(_mark_names(leaf, calls, marks)[0])),
+                module_type.lower(),
+            )
         else:
-            name = namer.name(qualify(path, op))
-        aliases = tuple(_alias(key, p) for key, p, _, _ in outputs_of)
+            name = namer.op(raw, op)[0]
         infos[node.name] = NodeInfo(
-            name=name, kind=NodeKind.OP, op=op, module=path, module_type=module_type,
+            name=name, kind=NodeKind.OP, op=op, module=namer.path(raw), module_type=module_type,
             target=target_name(node.target),
-            source=source_from_stack_trace(node.meta.get("stack_trace")), aliases=aliases,
+            source=source_from_stack_trace(node.meta.get("stack_trace")), aliases=tuple(names),
+            module_output=leaf is not None or bool(names),
         )  # fmt: skip
     return infos
+
+
+def _mark_names(mark: Mark, calls: list[str], marks: Marks) -> list[str]:
+    """The point names of a marked value: ``<path>`` on the first element, ``<path>:<k>``."""
+    name = calls[mark.call]
+    if not mark.suffix:
+        return [name]
+    first = marks.elements[mark.call][0] == mark.suffix
+    return [name, name + mark.suffix] if first else [name + mark.suffix]
+
+
+def _leaf_output(
+    node: fx.Node,
+    stack: list[tuple[str, str, str, str]],
+    marked: dict[fx.Node, list[Mark]],
+    marks: Marks,
+) -> Mark | None:
+    """The first element of a built-in module's call that ``node`` computes, if any."""
+    if not stack or not is_leaf_type_name(stack[-1][3]):
+        return None
+    for mark in marked.get(node, ()):
+        first = marks.elements[mark.call][0] == mark.suffix
+        if first and marks.calls[mark.call] == stack[-1][1]:
+            return mark
+    return None
 
 
 def _stack(node: fx.Node) -> list[tuple[str, str, str, str]]:
@@ -203,23 +235,3 @@ def _stack(node: fx.Node) -> list[tuple[str, str, str, str]]:
 
 def _inside_leaf(stack: list[tuple[str, str, str, str]]) -> bool:
     return any(is_leaf_type_name(entry[3]) for entry in stack)
-
-
-def _module_outputs(members: dict[str, set[fx.Node]]) -> dict[str, set[fx.Node]]:
-    """For each module call, its escaping value when there is exactly one."""
-    owned: dict[str, set[fx.Node]] = {}
-    for key, nodes in members.items():
-        escaping = [n for n in nodes if any(u not in nodes for u in n.users)]
-        if len(escaping) == 1:
-            owned[key] = {escaping[0]}
-    return owned
-
-
-def _alias(key: str, path: str) -> str:
-    # torch.export keys the n-th call of a module "<path>@<n>"; name it "<path>_<n>" as fx does.
-    _, _, count = key.rpartition("@")
-    return f"{path}_{count}" if "@" in key and count.isdigit() and count != "0" else path
-
-
-def _op(node: fx.Node) -> str:
-    return function_op(node.target)

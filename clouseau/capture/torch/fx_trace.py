@@ -10,11 +10,10 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from clouseau.capture.torch.names import PointNamer, element_paths
 from clouseau.capture.torch.naming import (
     INPLACE_OPERATORS,
-    LocalNamer,
     function_op,
-    qualify,
     source_from_stack,
     target_name,
 )
@@ -56,23 +55,43 @@ for _op, _name in INPLACE_OPERATORS.items():
 _RANDOM = ("rand", "randn", "randint", "randperm", "normal")
 
 
-class NamingTracer(fx.Tracer):
-    """An fx tracer that records, for every node, its torchvision name and module.
+class NumericsStateError(RuntimeError):
+    """The traced code changes global state that changes numerics, which fx cannot record."""
 
-    ``_where`` is the (path, class name) of the innermost module being traced. A non-leaf
-    module's output proxy is recorded in ``module_outputs`` so the IR can give the value
-    the module's path as an alias. A module returning a tuple or dict gets no alias (its
-    items keep their own names).
+
+def numerics_state() -> tuple[Any, ...]:
+    """The global modes under which ops run: grad, inference, autocast (per device type)."""
+    return (
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+        *((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")),
+    )
+
+
+class NamingTracer(fx.Tracer):
+    """An fx tracer that records, for every node, its point name and module.
+
+    ``_where`` is the (raw path, class name) of the innermost module being traced. A
+    non-leaf module's output proxies are recorded in ``module_outputs`` so the IR can give
+    each value the module's path as an alias: ``<path>`` for a single tensor, and for a
+    tuple, list, dict or ``ModelOutput`` ``<path>:<index or key>`` per element (nested:
+    ``<path>:1:0``) with ``<path>`` on the first. ``torchvision`` holds torchvision's
+    own name of a node where it differs and names nothing else.
     """
 
     def __init__(self, model: torch.nn.Module, arguments: dict[str, Any]) -> None:
         super().__init__()
         self.arguments = arguments
         self._where = ("", type(model).__name__)
-        self.namer = LocalNamer()
+        self.namer = PointNamer(model)
         self.records: dict[fx.Node, tuple[str, str, str, Source | None]] = {}
+        self.pending: dict[fx.Node, tuple[str, str, Source | None]] = {}
+        # Module calls in the order they return: (raw path, leaf node or None, output).
+        self.calls: list[tuple[str, fx.Node | None, Any]] = []
         self.module_outputs: dict[fx.Node, list[str]] = {}
-        self.module_calls: dict[str, int] = {}
+        self.torchvision: dict[fx.Node, str] = {}
+        self.numerics = numerics_state()
+        self.opaque_outputs: dict[str, str] = {}
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
         # torch.rand(2, 3) has no proxy argument: fx would run it once and bake its value
@@ -115,12 +134,39 @@ class NamingTracer(fx.Tracer):
         finally:
             self._where = outer
         if not self.is_leaf_module(m, path):
-            count = self.module_calls.get(path, 0)
-            self.module_calls[path] = count + 1
-            if isinstance(out, fx.Proxy):
-                alias = path if count == 0 else f"{path}_{count}"
-                self.module_outputs.setdefault(out.node, []).append(alias)
+            self.calls.append((path, None, out))
         return out
+
+    def name_nodes(self, graph: fx.Graph) -> None:
+        """Name every node once the trace is complete: module calls first, in call order
+        (so the k-th call of a module is named alike on both paths), then the ops."""
+        namer = self.namer
+        leaf_names: dict[fx.Node, str] = {}
+        for path, node, out in self.calls:
+            name = namer.module_output(path)
+            if node is not None:
+                leaf_names[node] = name
+                continue
+            found = module_output_names(name, out)
+            for alias, proxy in found:
+                self.module_outputs.setdefault(proxy.node, []).append(alias)
+            if not found and out is not None:
+                self.opaque_outputs.setdefault(namer.path(path), type(out).__name__)
+        for node in graph.nodes:
+            if node.op == "output":
+                continue
+            path, module_type, source = self.pending[node]
+            other: str | None = None
+            if node.op == "placeholder":
+                name = namer.input(node.name)
+            elif node.op == "call_module":
+                name = leaf_names[node]
+                other = namer.leaf(path, name)
+            else:  # "<path>.<fx node name>" with a counter local to the name
+                name, other = namer.op(path, node.name)
+            if other is not None:
+                self.torchvision[node] = other
+            self.records[node] = (name, namer.path(path), module_type, source)
 
     def create_node(
         self,
@@ -131,14 +177,19 @@ class NamingTracer(fx.Tracer):
         name: str | None = None,
         type_expr: Any | None = None,
     ) -> fx.Node:
+        if numerics_state() != self.numerics:
+            raise NumericsStateError(
+                "forward changes autocast, grad or inference mode (a `with torch.autocast`, "
+                "`torch.no_grad`, `enable_grad` or `inference_mode` block), which torch.fx "
+                "does not record"
+            )
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
         if kind != "output":
             path, module_type = self._where
-            # torchvision: a leaf-module call is named by its path, anything else by
-            # "<path>.<fx node name>"; the namer replaces fx's global counter by a local one.
-            qualname = path if kind == "call_module" else qualify(path, node.name)
             source = source_from_stack() if kind != "placeholder" else None
-            self.records[node] = (self.namer.name(qualname), path, module_type, source)
+            self.pending[node] = (path, module_type, source)
+            if kind == "call_module":
+                self.calls.append((path, node, None))
         return node
 
     def create_arg(self, a: Any) -> Any:
@@ -178,6 +229,16 @@ class NamingTracer(fx.Tracer):
         return call, []
 
 
+def module_output_names(name: str, out: Any) -> list[tuple[str, fx.Proxy]]:
+    """``(alias, proxy)`` for each traced value a module call returned (see NamingTracer)."""
+    if isinstance(out, fx.Proxy):
+        return [(name, out)]
+    leaves = [
+        (name + suffix, leaf) for suffix, leaf in element_paths(out) if isinstance(leaf, fx.Proxy)
+    ]
+    return [(name, leaves[0][1]), *leaves] if leaves else []
+
+
 def tensor_params(model: torch.nn.Module, arguments: dict[str, Any]) -> tuple[str, ...]:
     return tuple(name for name, value in arguments.items() if has_tensor(value))
 
@@ -190,6 +251,7 @@ def trace_fx(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
     before = set(vars(model))
     try:
         graph = tracer.trace(model)
+        tracer.name_nodes(graph)
     finally:
         # fx stores tensors created in forward as attributes of the root module; move them
         # out so tracing leaves the user's model as it was.
@@ -210,6 +272,8 @@ def trace_fx(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
         infos=infos,
         to_inputs=InputPicker(signature, names),
         from_outputs=lambda out: out,
+        opaque_outputs=tuple(tracer.opaque_outputs.items()),
+        meta=(tracer.namer.meta,),
     )
 
 
@@ -224,8 +288,12 @@ def _info(model: torch.nn.Module, tracer: NamingTracer, node: fx.Node) -> NodeIn
     if node.op == "output":
         return NodeInfo("output", NodeKind.OUTPUT, "output")
     name, path, module_type, source = tracer.records[node]
-    aliases = tuple(tracer.module_outputs.get(node, ()))
-    common = {"name": name, "source": source, "aliases": aliases}
+    outputs_of = tracer.module_outputs.get(node, ())
+    aliases = (*outputs_of, *_present(tracer.torchvision.get(node)))
+    common = {
+        "name": name, "source": source, "aliases": aliases,
+        "module_output": bool(outputs_of) or node.op == "call_module",
+    }  # fmt: skip
     if node.op == "placeholder":
         return NodeInfo(kind=NodeKind.INPUT, op="input", target=str(node.target), **common)
     if node.op == "get_attr":
@@ -260,6 +328,10 @@ def _info(model: torch.nn.Module, tracer: NamingTracer, node: fx.Node) -> NodeIn
         target=target,
         **common,
     )
+
+
+def _present(name: str | None) -> tuple[str, ...]:
+    return () if name is None else (name,)
 
 
 def _resolve_or_none(model: torch.nn.Module, target: str) -> Any:

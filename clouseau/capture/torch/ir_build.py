@@ -6,9 +6,10 @@ import contextlib
 import io
 import logging
 import re
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -19,7 +20,7 @@ from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.export_trace import trace_export
 from clouseau.capture.torch.fx_trace import trace_fx
 from clouseau.capture.torch.naming import source_from_exception
-from clouseau.capture.torch.probe import Probe, probe
+from clouseau.capture.torch.probe import FirstRun, Probe, probe, probe_call
 from clouseau.capture.torch.symbolic import Symbols, export_symbols, fx_symbols
 from clouseau.capture.torch.traced import NodeInfo, Traced
 from clouseau.ir.errors import TraceError
@@ -47,6 +48,17 @@ class UntraceableError(TraceError):
         self.reasons = reasons
 
 
+class FirstRunSlot:
+    """The user's first call when the probe ran it (``live``); taken once, then empty."""
+
+    def __init__(self, run: FirstRun | None = None) -> None:
+        self._run = run
+
+    def take(self) -> FirstRun | None:
+        run, self._run = self._run, None
+        return run
+
+
 @dataclass(frozen=True, eq=False)
 class TracedModel:
     """A traced model, the facts of its probe run, and its IR graph (without saves)."""
@@ -54,10 +66,16 @@ class TracedModel:
     traced: Traced
     probe: Probe
     graph: Graph
+    first: FirstRunSlot = field(default_factory=FirstRunSlot)
 
 
-def trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TracedModel:
+def trace_model(
+    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, live: bool = False
+) -> TracedModel:
     """Trace ``model(*args, **kwargs)`` with torch.fx, or torch.export when fx fails.
+
+    With ``live`` the probe run is the user's call itself (its output and values are in
+    ``first``); otherwise it runs on copies and leaves the model, hooks aside, untouched.
 
     Raises
     ------
@@ -84,21 +102,24 @@ def trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tr
     )
     # Tracers patch torch.nn.Module process-wide: no lowered graph may run meanwhile.
     with TRACE_LOCK.exclusive():
-        return _trace_model(model, args, kwargs)
+        return _trace_model(model, args, kwargs, live)
 
 
-def _trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TracedModel:
+def _trace_model(
+    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], live: bool
+) -> TracedModel:
     fx_infos: Mapping[str, NodeInfo] | None = None
+    run = _live_probe if live else _probe
     try:
         traced = trace_fx(model, args, kwargs)
         fx_infos = traced.infos
-        facts = probe(traced.gm, model, traced.to_inputs(args, kwargs))
+        facts, first = run(traced, model, args, kwargs)
     except Exception as fx_error:
         try:
             with _quiet_export_logs():
                 traced = trace_export(model, args, kwargs)
-            traced = replace(traced, meta=(("fx_error", _first_line(fx_error)),))
-            facts = probe(traced.gm, model, traced.to_inputs(args, kwargs))
+            traced = replace(traced, meta=(*traced.meta, ("fx_error", _first_line(fx_error))))
+            facts, first = run(traced, model, args, kwargs)
         except Exception as export_error:
             if fx_infos is not None:
                 # fx followed the code but the traced ops failed on the example values:
@@ -112,12 +133,33 @@ def _trace_model(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> T
                     f"torch.export: {_first_line(export_error)}",
                 ),
             ) from export_error
+    if traced.opaque_outputs:
+        listed = ", ".join(f"{path} ({kind})" for path, kind in traced.opaque_outputs)
+        warnings.warn(
+            f"clouseau: {len(traced.opaque_outputs)} module output(s) of "
+            f"{type(model).__name__} hold no traced tensor and are not points: {listed}. "
+            "Select a tensor computed from them instead.",
+            stacklevel=2,
+        )
     symbols = (
         fx_symbols(traced.gm, model, traced.to_inputs(args, kwargs))
         if traced.frontend is Frontend.TORCH_FX
         else export_symbols(traced.gm.graph)
     )
-    return TracedModel(traced, facts, build_graph(model, traced, facts, symbols))
+    graph = build_graph(model, traced, facts, symbols)
+    return TracedModel(traced, facts, graph, FirstRunSlot(first))
+
+
+def _probe(
+    traced: Traced, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Probe, None]:
+    return probe(traced.gm, model, traced.to_inputs(args, kwargs)), None
+
+
+def _live_probe(
+    traced: Traced, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Probe, FirstRun]:
+    return probe_call(traced.gm, model, traced.to_inputs(args, kwargs))
 
 
 def build_graph(
@@ -134,6 +176,7 @@ def build_graph(
     nodes: list[Node] = []
     by_fx: dict[str, str] = {}
     taken: set[str] = set()
+    static: set[str] = set()  # nodes that depend on no input
     for fx_node in traced.gm.graph.nodes:
         info = traced.infos.get(fx_node.name)
         if info is None:
@@ -145,13 +188,17 @@ def build_graph(
             else (_with_symbols(facts.specs.get(fx_node.name), symbols.get(fx_node.name)),)
         )
         taken.add(info.name)
+        if info.kind is NodeKind.CONSTANT or (
+            info.kind is NodeKind.OP and all(r.node in static for r in inputs)
+        ):
+            static.add(info.name)
         nodes.append(
             Node(
                 name=info.name, kind=info.kind, op=info.op, inputs=inputs, outputs=outputs,
                 module=info.module, module_type=info.module_type, target=info.target,
                 source=info.source, key=fx_node.name,
                 aliases=tuple((0, a) for a in info.aliases),
-                attrs=_module_attrs(model, fx_node),
+                attrs=_module_attrs(model, fx_node) + _static_output(info, inputs, static),
             )
         )  # fmt: skip
         by_fx[fx_node.name] = info.name
@@ -171,6 +218,18 @@ def _with_symbols(spec: Spec | None, symbols: Symbols | None) -> Spec:
     if symbols and isinstance(spec, TensorSpec) and len(symbols) == len(spec.shape):
         return replace(spec, symbols=symbols)
     return spec
+
+
+def _static_output(
+    info: NodeInfo, inputs: tuple[Ref, ...], static: set[str]
+) -> tuple[tuple[str, AttrValue], ...]:
+    # A module's output computed from state alone (a position embedding fed by a buffer)
+    # is a point all the same: the attr exempts it from Graph.points' rule for state.
+    if info.module_output and (
+        info.kind is NodeKind.CONSTANT or all(r.node in static for r in inputs)
+    ):
+        return (("module_output", True),)
+    return ()
 
 
 # Hyper-parameters of leaf modules that FLOP counts need (a conv's kernel and groups
@@ -235,7 +294,25 @@ def _both_failed(
         f"cannot trace {type(model).__name__}{at}.\n"
         f"  torch.fx failed: {_first_line(fx_error)}\n"
         f"  torch.export failed: {_first_line(export_error)}\n"
-        "Fix: make the control flow on tensor values traceable (torch.where, or torch.cond "
+        f"Fix: {_fix(export_error)}"
+    )
+
+
+_UNKNOWN_TYPE = re.compile(r"Found <class '([^']+)'> in (input|output)|not a known type|pytree")
+
+
+def _fix(export_error: BaseException) -> str:
+    """What to change, from torch.export's cause (the fallback's error is the last word)."""
+    found = _UNKNOWN_TYPE.search(str(export_error))
+    if found:
+        what = f"a {found.group(1)} in its {found.group(2)}" if found.group(1) else "a value"
+        return (
+            f"the model takes or returns {what} that torch.export cannot flatten: register "
+            "its type with torch.utils._pytree.register_pytree_node, or pass and return "
+            "tensors, tuples, lists and dicts of them."
+        )
+    return (
+        "make the control flow on tensor values traceable (torch.where, or torch.cond "
         "for branches), or mark the offending submodule as a leaf with "
         "clouseau.capture.torch.mark_leaf(model.<path>) so it runs untraced as one node."
     )

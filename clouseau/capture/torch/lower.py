@@ -42,6 +42,7 @@ class SaveTarget:
     names: tuple[str, ...]
     node: str
     host_copy: bool
+    key: str = ""  # the producer's fx node name
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,10 +92,15 @@ def lower(
     *,
     intervene: Mapping[Any, Action] | None = None,
     grads: Grads = False,
+    live: bool = False,
 ) -> Lowered:
     """Trace ``model``, rewrite the IR for ``select``, ``intervene`` and ``grads`` (strictly)
-    and lower it to a GraphModule."""
-    traced = trace_model(model, args, kwargs)
+    and lower it to a GraphModule.
+
+    With ``live`` (and no ``intervene`` or ``grads``, which change what runs) the trace's
+    probe is the user's call: ``lowered.traced.first`` holds its output and values.
+    """
+    traced = trace_model(model, args, kwargs, live=live and not intervene and not grads)
     return lower_traced(traced, select, intervene=intervene, grads=grads)
 
 
@@ -120,6 +126,7 @@ def lower_traced(
             tuple(str(n) for n in save.attr("names")),  # type: ignore[union-attr]
             producer_of(graph, save.inputs[0]).node,
             _needs_host_copy(graph, traced, save),
+            graph.node(producer_of(graph, save.inputs[0]).node).key,
         )
         for save in graph.saves
     )

@@ -13,11 +13,17 @@ import numpy as np
 import torch
 
 from clouseau.capture._session import CaptureSession
-from clouseau.capture.torch._compat import tree_leaves
+from clouseau.capture.torch._compat import (
+    is_registered_node,
+    register_cache_pytrees,
+    tree_flatten,
+    tree_leaves,
+)
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.intervene import emitting_grads
 from clouseau.capture.torch.ir_build import UntraceableError
 from clouseau.capture.torch.lower import Lowered, SaveTarget, lower
+from clouseau.capture.torch.probe import FirstRun
 from clouseau.ir.actions import Action
 from clouseau.ir.errors import TraceError
 from clouseau.ir.graph import Graph
@@ -136,10 +142,17 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     them exports again). ``traces`` counts the traces. ``.to()`` and friends drop the
     cache, as they may replace buffers the lowered graphs read.
 
+    It is a drop-in for the model: an attribute it does not define is the model's
+    (``fmodel.config``, ``fmodel.device``, ``fmodel.get_input_embeddings()``;
+    ``fmodel.generate`` runs the model's own ``generate``, which does not capture), and
+    ``state_dict()``/``load_state_dict()`` use the model's own keys (no ``model.``
+    prefix), also when the instrumented model is itself a submodule.
+
     Attributes
     ----------
     traces : int
-        How many times the model was traced (a new structure, or a broken guard).
+        How many graphs were traced (a new structure, a broken export guard, a region
+        Dynamo compiled in the dynamic tier).
     """
 
     def __init__(
@@ -152,6 +165,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     ) -> None:
         super().__init__()
         self.model = model
+        register_cache_pytrees(model)  # so that the first call's cache is keyed as later ones
         self._sink = sink
         self._select = select
         self._intervene = intervene
@@ -161,17 +175,32 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         # Two levels: the exact call signature (shapes included) -> its entry, a dict hit
         # per call; on a miss, the entries of the call's structure, the first whose
         # guards accept the call.
-        self._lowered: dict[Hashable, _Entry] = {}
+        self._lowered: dict[Hashable, Any] = {}
         self._by_structure: dict[Hashable, list[_Entry]] = {}
         self._module_list: tuple[torch.nn.Module, ...] | None = None
         self._traces = 0
         self._tier: Any = None  # the dynamic or hook tier, once fx and export failed
+        self.register_state_dict_post_hook(_model_keys)
+        self.register_load_state_dict_pre_hook(_wrapper_keys)
 
     @property
     def traces(self) -> int:
         """How many graphs were traced: one per input structure (and per broken export
         guard), plus one per region Dynamo compiled in the dynamic tier."""
         return self._traces + (self._tier.traces if self._tier is not None else 0)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails: the per-call path never comes here.
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            model = self.__dict__["_modules"].get("model")
+            if model is None or name.startswith("__"):
+                raise
+            return getattr(model, name)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(dir(self.model)))
 
     def trace(self, *args: Any, **kwargs: Any) -> Graph:
         """Trace and lower for this call signature now; returns the graph with its saves."""
@@ -200,7 +229,11 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             TRACE_LOCK.exit_shared()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        entry = self._lowered.get(self._key(args, kwargs)) or self._entry(args, kwargs)
+        entry = self._lowered.get(self._key(args, kwargs))
+        if entry is None:
+            entry, first = self._new_entry(args, kwargs, live=True)
+            if first is not None:  # the trace ran this call: nothing runs twice
+                return self._first_call(entry, first)
         if entry.plain:  # the model, and only the model
             return entry.outputs(entry.run(*entry.inputs(args, kwargs)))
         if entry.tier is not None:  # the dynamic or hook tier: it runs the whole call
@@ -227,6 +260,24 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         sink.end_call(call)
         return entry.outputs(raw)
 
+    def _first_call(self, entry: _Entry, first: FirstRun) -> Any:
+        outputs = entry.lowered.traced.traced.from_outputs(first.output)
+        if entry.plain:
+            return outputs
+        sink = self._sink
+        call = sink.begin_call()
+        try:
+            values = [
+                SavedValue(t.names, t.node, to_numpy(first.values[t.key], copy=False))
+                for t in entry.targets
+            ]
+            sink.put(call, entry.graph_id, values)
+        except BaseException as error:
+            sink.fail_call(call, error)
+            raise
+        sink.end_call(call)
+        return outputs
+
     def _put_grad(
         self, call: int, graph_id: int, names: tuple[str, ...], node: str, grad: torch.Tensor
     ) -> None:
@@ -246,6 +297,13 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         return (tuple(map(of, args)), kw, tuple(map(_training, modules)))
 
     def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self._new_entry(args, kwargs, live=False)[0]
+
+    def _new_entry(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], *, live: bool
+    ) -> tuple[Any, FirstRun | None]:
+        """The entry of this call's signature, traced now if new; with ``live`` the trace
+        runs the call itself, and only the thread that traced gets its :class:`FirstRun`."""
         key = self._key(args, kwargs)
         found = self._lowered.get(key)
         if found is None:
@@ -253,24 +311,34 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             with TRACE_LOCK.exclusive():
                 found = self._lowered.get(key)
                 if found is None:
-                    found = self._for_structure(args, kwargs)
+                    found, first = self._for_structure(args, kwargs, live)
                     if len(self._lowered) >= _MAX_SIGNATURES:  # unbounded shapes: start over
                         self._lowered.clear()
                     self._lowered[key] = found
-        return found
+                    return found, first
+        return found, None
 
-    def _for_structure(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The entry of this call's structure whose guards accept it, traced if none does."""
+    def _for_structure(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], live: bool
+    ) -> tuple[Any, FirstRun | None]:
+        """The entry of this call's structure whose guards accept it, traced if none does
+        (with ``live``, the trace runs this call: its :class:`FirstRun` comes back)."""
         if self._tier is not None:
-            return self._tier_entry
+            return self._tier_entry, None
         entries = self._by_structure.setdefault(self._key(args, kwargs, _structure), [])
         for entry in entries:
             if entry.accepts is None or entry.accepts(args, kwargs):
                 entry.unverified = True
-                return entry
+                return entry, None
         try:
             lowered = lower(
-                self.model, args, kwargs, self._select, intervene=self._intervene, grads=self._grads
+                self.model,
+                args,
+                kwargs,
+                self._select,
+                intervene=self._intervene,
+                grads=self._grads,
+                live=live,
             )
         except UntraceableError as error:
             if self._grads:
@@ -278,12 +346,12 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             from clouseau.capture.torch.dynamo import DynamicTier
 
             tier = DynamicTier(self.model, self._select, self._sink, self._intervene)
-            return self._to_tier(tier, tier.name, error.reasons)
+            return self._to_tier(tier, tier.name, error.reasons), None
         self._traces += 1
         graph_id = self._sink.add_graph(lowered.graph)
         entry = _Entry(self.model, lowered, graph_id, args, kwargs)
         entries.append(entry)
-        return entry
+        return entry, lowered.traced.first.take()
 
     def _to_tier(self, tier: Any, name: str, reasons: tuple[str, ...]) -> _TierEntry:
         from clouseau.capture.torch.dynamo import warn_tier
@@ -326,6 +394,29 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             f", grads={self._grads!r}" if self._grads else ""
         )
 
+    def __repr__(self) -> str:
+        # One line: what it wraps and where the saves go, not the model's whole tree.
+        where = getattr(self._sink, "path", None)
+        to = f"to {str(where)!r}" if where is not None else "in memory"
+        return f"InstrumentedModule({type(self.model).__name__}, {self.extra_repr()}, saving {to})"
+
+
+_PREFIX = "model."
+
+
+def _model_keys(module: torch.nn.Module, state: dict[str, Any], prefix: str, meta: Any) -> None:
+    """``state_dict`` hook: the wrapped model's keys without the wrapper's ``model.``."""
+    inner = prefix + _PREFIX
+    for key in [k for k in state if k.startswith(prefix)]:
+        value = state.pop(key)  # pop and put back every key: the order is kept
+        state[prefix + key[len(inner) :] if key.startswith(inner) else key] = value
+
+
+def _wrapper_keys(module: torch.nn.Module, state: dict[str, Any], prefix: str, *args: Any) -> None:
+    """``load_state_dict`` pre-hook: the model's keys as the wrapper's submodule keys."""
+    for key in [k for k in state if k.startswith(prefix) and not k.startswith(prefix + _PREFIX)]:
+        state[prefix + _PREFIX + key[len(prefix) :]] = state.pop(key)
+
 
 class _TierEntry:
     """The entry of every call once the model runs in the dynamic or hook tier."""
@@ -347,7 +438,6 @@ def _saved_values(
 
 
 def _key(value: Any) -> Hashable:
-    """The exact signature of an argument: a tensor's shape and strides included."""
     if isinstance(value, torch.Tensor):
         # torch.Size is a tuple: hashable as it is.
         return ("T", value.shape, value.stride(), value.dtype, value.device)
@@ -355,6 +445,10 @@ def _key(value: Any) -> Hashable:
         return (type(value).__name__, tuple(map(_key, value)))
     if isinstance(value, dict):
         return ("dict", tuple((k, _key(v)) for k, v in value.items()))
+    if is_registered_node(value):
+        # A cache object is keyed by what it holds (it grows in place between calls).
+        leaves, spec = tree_flatten(value)
+        return ("tree", type(value), str(spec), tuple(map(_key, leaves)))
     return _value_key(value)
 
 
@@ -366,6 +460,9 @@ def _structure(value: Any) -> Hashable:
         return (type(value).__name__, tuple(map(_structure, value)))
     if isinstance(value, dict):
         return ("dict", tuple((k, _structure(v)) for k, v in value.items()))
+    if is_registered_node(value):
+        leaves, spec = tree_flatten(value)
+        return ("tree", type(value), str(spec), tuple(map(_structure, leaves)))
     return _value_key(value)
 
 

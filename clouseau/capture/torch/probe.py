@@ -40,9 +40,19 @@ class Probe:
     escapes: frozenset[str]
 
 
+@dataclass(frozen=True, eq=False)
+class FirstRun:
+    """The user's first call, run once by the probe: its output and every value at birth."""
+
+    output: Any
+    values: dict[str, torch.Tensor]
+
+
 class _Recorder(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule) -> None:
+    def __init__(self, gm: fx.GraphModule, *, keep: bool = False) -> None:
         super().__init__(gm, garbage_collect_values=False)  # keep storages alive and distinct
+        self.keep = keep
+        self.values: dict[str, torch.Tensor] = {}
         self.specs: dict[str, Spec] = {}
         self.storages: dict[str, set[StorageKey]] = {}
         self.mutations: list[set[StorageKey]] = []  # per node, in order
@@ -55,6 +65,9 @@ class _Recorder(fx.Interpreter):
             _storage(t) for t, v in zip(inputs, versions, strict=True) if tensor_version(t) != v
         }
         self.mutations.append(mutated)
+        if self.keep and isinstance(result, torch.Tensor):
+            # A copy taken now: a later in-place op may change the value itself.
+            self.values[n.name] = result.detach().clone()
         self.specs[n.name] = spec_of(result)
         self.storages[n.name] = {_storage(t) for t in _tensors(result)}
         return result
@@ -66,6 +79,35 @@ def probe(gm: fx.GraphModule, model: torch.nn.Module, inputs: tuple[Any, ...]) -
     copies = tuple(_copy(x) for x in inputs)
     with torch.no_grad(), restoring_buffers(model), _forked_rng(inputs):
         recorder.run(*copies)
+    return _facts(gm, model, recorder)
+
+
+def probe_call(
+    gm: fx.GraphModule, model: torch.nn.Module, inputs: tuple[Any, ...]
+) -> tuple[Probe, FirstRun]:
+    """Run ``gm`` on ``inputs`` as the user's call itself: hooks, buffers, RNG move once.
+
+    Besides the facts, it returns the call's output and a copy of every tensor value as
+    it was produced, from which the call's saves are taken: nothing runs twice.
+    """
+    recorder = _Recorder(gm, keep=True)
+    output = _plain(recorder.run(*inputs))
+    return _facts(gm, model, recorder), FirstRun(output, recorder.values)
+
+
+def _plain(value: Any) -> Any:
+    """The interpreter's output as the generated code returns it: fx's immutable
+    containers are plain ``dict``/``list`` there (namedtuples stay as they are)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if type(value) is tuple:
+        return tuple(_plain(v) for v in value)
+    return value
+
+
+def _facts(gm: fx.GraphModule, model: torch.nn.Module, recorder: _Recorder) -> Probe:
     order = [n.name for n in gm.graph.nodes]
     later: set[StorageKey] = set()
     mutated_later: set[str] = set()

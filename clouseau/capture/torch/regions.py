@@ -28,12 +28,12 @@ import torch
 import torch.fx as fx
 
 from clouseau.capture.torch._compat import dynamo_frame_module
-from clouseau.capture.torch.export_trace import _infos
 from clouseau.capture.torch.ir_build import TracedModel, build_graph
 from clouseau.capture.torch.lower import SaveTarget, lower_traced
 from clouseau.capture.torch.module import to_numpy
 from clouseau.capture.torch.naming import LocalNamer
 from clouseau.capture.torch.probe import probe
+from clouseau.capture.torch.stack_names import stack_infos
 from clouseau.capture.torch.symbolic import export_symbols
 from clouseau.capture.torch.traced import NodeInfo, Traced
 from clouseau.ir.actions import Action
@@ -185,7 +185,7 @@ class RegionCompiler:
             else:
                 inputs[node.name] = prefix + (_dotted(source, in_root=False) or node.name)
         root_type = type(self._root).__name__ if self._root is not None else "compiled"
-        infos = _infos(gm.graph, root_type, weights, inputs)
+        infos = stack_infos(gm.graph, root_type, weights, inputs)
         return Traced(
             gm=gm,
             frontend=Frontend.TORCH_DYNAMO,

@@ -26,7 +26,11 @@ from clouseau.ir.graph import AttrValue, Frontend, NodeKind, Source
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """The IR facts of one fx node; ``aliases`` are module paths whose output it is."""
+    """The IR facts of one fx node; ``aliases`` are module paths whose output it is.
+
+    ``module_output``: the node is a module call's output (a point even when it is
+    computed from parameters, buffers and constants alone).
+    """
 
     name: str
     kind: NodeKind
@@ -36,6 +40,7 @@ class NodeInfo:
     target: str = ""
     source: Source | None = None
     aliases: tuple[str, ...] = ()
+    module_output: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,6 +59,8 @@ class Traced:
     from_outputs: Callable[[Any], Any]
     meta: tuple[tuple[str, AttrValue], ...] = ()
     accepts: Callable[[tuple[Any, ...], dict[str, Any]], bool] | None = None
+    # Module calls whose output holds no traced tensor: (module path, output type).
+    opaque_outputs: tuple[tuple[str, str], ...] = ()
 
 
 _LEAF_MODULES: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()

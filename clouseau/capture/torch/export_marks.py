@@ -1,0 +1,169 @@
+"""Which torch.export node is which module call's output: marks put by forward hooks.
+
+``nn_module_stack`` says which module an op ran in, not which value a module returned (an
+``Identity`` or an eval ``DropPath`` runs no op at all, a tuple has several values). So
+while torch.export traces, a forward hook on every submodule passes each tensor the module
+returns through ``clouseau::module_output(x, call)``, an identity op that export records.
+Afterwards each mark is removed (its users read ``x`` again) and remembered as "this node
+is element ``suffix`` of module call ``call``": the graph that runs is the model's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from clouseau.capture.torch.names import element_paths
+
+
+@torch.library.custom_op("clouseau::module_output", mutates_args=())
+def _module_output(x: torch.Tensor, call: int, element: int) -> torch.Tensor:
+    return x.clone()
+
+
+@_module_output.register_fake
+def _(x: torch.Tensor, call: int, element: int) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+_module_output.register_autograd(lambda ctx, grad: (grad, None, None))
+MARK = torch.ops.clouseau.module_output.default
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Element ``suffix`` (``""``, ``":0"``, ``":logits"``) of call ``call``."""
+
+    call: int
+    suffix: str
+
+
+@dataclass
+class Marks:
+    """The module calls seen while tracing (raw path of each, in call order)."""
+
+    calls: list[str] = field(default_factory=list)
+    elements: list[list[str]] = field(default_factory=list)
+    untraceable: dict[str, str] = field(default_factory=dict)  # path -> output type
+
+
+@contextmanager
+def marking(model: torch.nn.Module) -> Iterator[Marks]:
+    """Mark the outputs of every submodule call of ``model`` while the block traces it."""
+    marks = Marks()
+    handles = [
+        module.register_forward_hook(_hook(marks, path))
+        for path, module in model.named_modules()
+        if path
+    ]
+    try:
+        yield marks
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _hook(marks: Marks, path: str) -> Any:
+    def hook(module: torch.nn.Module, args: Any, out: Any) -> Any:
+        call = len(marks.calls)
+        marks.calls.append(path)
+        suffixes: list[str] = []
+        marks.elements.append(suffixes)
+
+        def mark(value: Any, suffix: str) -> Any:
+            if not isinstance(value, torch.Tensor):
+                return value
+            suffixes.append(suffix)
+            return _module_output(value, call, len(suffixes) - 1)
+
+        found = list(element_paths(out))
+        if any(isinstance(v, torch.Tensor) for _, v in found):
+            try:
+                return _rebuild(out, iter([mark(v, s) for s, v in found]))
+            except _CannotRebuild:
+                suffixes.clear()
+        if out is not None:
+            marks.untraceable.setdefault(path, type(out).__name__)
+        return None
+
+    return hook
+
+
+def _rebuild(value: Any, leaves: Iterator[Any]) -> Any:
+    """``value`` with its leaves (in :func:`element_paths` order) replaced from ``leaves``."""
+    if isinstance(value, Mapping):
+        if not isinstance(value, dict):
+            raise _CannotRebuild
+        for key in list(value.keys()):
+            value[key] = _rebuild(value[key], leaves)  # a ModelOutput updates its field too
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            object.__setattr__(value, f.name, _rebuild(getattr(value, f.name), leaves))
+        return value
+    if isinstance(value, tuple | list):
+        items = [_rebuild(v, leaves) for v in value]
+        if isinstance(value, list):
+            return items
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    return next(leaves)
+
+
+class _CannotRebuild(Exception):
+    pass
+
+
+def take_marks(gm: fx.GraphModule, marks: Marks) -> dict[fx.Node, list[Mark]]:
+    """Remove the marks from ``gm``; for each marked node, the module outputs it is.
+
+    A mark inside a region export keeps as a submodule (``torch.autocast``, ``no_grad``)
+    is removed there too, and passed on to the ``getitem`` that takes the value out.
+    """
+    found: dict[fx.Node, list[Mark]] = {}
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is MARK:
+            source, call, element = node.args
+            assert isinstance(source, fx.Node) and isinstance(call, int)
+            assert isinstance(element, int)
+            found.setdefault(source, []).append(Mark(call, marks.elements[call][element]))
+            node.replace_all_uses_with(source)
+            gm.graph.erase_node(node)
+        elif node.op == "call_function":
+            for region in _regions(gm, node):
+                _pass_on(node, region, take_marks(region, marks), found)
+    gm.recompile()
+    return found
+
+
+def _regions(gm: fx.GraphModule, node: fx.Node) -> list[fx.GraphModule]:
+    return [
+        sub
+        for arg in node.args
+        if isinstance(arg, fx.Node) and arg.op == "get_attr"
+        for sub in [getattr(gm, str(arg.target), None)]
+        if isinstance(sub, fx.GraphModule)
+    ]
+
+
+def _pass_on(
+    node: fx.Node,
+    region: fx.GraphModule,
+    inner: dict[fx.Node, list[Mark]],
+    found: dict[fx.Node, list[Mark]],
+) -> None:
+    output = next(n for n in region.graph.nodes if n.op == "output")
+    returned = output.args[0]
+    if not isinstance(returned, tuple | list):
+        return
+    for user in node.users:
+        if user.target is operator.getitem and isinstance(user.args[1], int):
+            value = returned[user.args[1]]
+            if isinstance(value, fx.Node) and value in inner:
+                found.setdefault(user, []).extend(inner[value])

@@ -1,0 +1,173 @@
+"""The point names of one traced torch model, in the fx and the export path alike.
+
+A module's output is named by its module path, and nothing else ever takes a module path:
+every path of the model is reserved before the first node is named. An op is
+``<module path>.<op>`` with torchvision's counter local to that prefix (fx's global
+``_<n>`` suffix stripped, the next free counter appended). torchvision strips ``_<n>``
+from module paths too (its name of ``ln_2``'s output is ``ln_1``); the fx path records
+torchvision's own name as an extra alias wherever it names nothing else.
+
+Module names that are not valid in point names (spaces, ``#``, ``%``, ``,``, ``:``, glob
+characters, non-ASCII letters) are sanitised: each such character becomes ``_``, and a
+path that then equals a valid path of the model or an earlier sanitised one gets the
+first free ``_<k>`` (``k = 1, 2, ...``), in ``named_modules()`` order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+from clouseau.capture.torch.naming import LocalNamer, qualify
+
+_BAD = re.compile(r"[^A-Za-z0-9_\-]")
+_SUFFIX = re.compile(r"(.+)_([0-9]+)$")
+
+
+def clean_segment(segment: str) -> str:
+    """One module name (or argument name) as a point-name segment."""
+    return _BAD.sub("_", segment) or "_"
+
+
+def clean_paths(paths: Iterable[str]) -> dict[str, str]:
+    """Each raw dotted module path (``named_modules()``) -> its sanitised, unique path.
+
+    A path that is valid as it is keeps itself; a sanitised one that equals a path already
+    taken gets the first free ``_<k>``.
+    """
+    raws = list(dict.fromkeys(paths))
+    found: dict[str, str] = {"": ""}
+    found.update((raw, raw) for raw in raws if raw and _clean_path(raw) == raw)
+    used = set(found.values())
+    for raw in raws:
+        if raw in found:
+            continue
+        parent, _, last = raw.rpartition(".")
+        base = qualify(found.get(parent) or _clean_path(parent), clean_segment(last))
+        path, k = base, 0
+        while path in used:
+            k += 1
+            path = f"{base}_{k}"
+        used.add(path)
+        found[raw] = path
+    return found
+
+
+def _clean_path(raw: str) -> str:
+    return ".".join(clean_segment(s) for s in raw.split(".")) if raw else ""
+
+
+class _Counters:
+    """Unique names with torchvision's ``_<n>`` counters that never take a reserved path."""
+
+    def __init__(self, reserved: frozenset[str]) -> None:
+        self.reserved = reserved
+        self.given: set[str] = set()
+        self.last: dict[str, int] = {}
+
+    def module(self, path: str) -> str:
+        """A module call's name: its path, then ``<path>_<k>`` for later calls."""
+        return self._give(path) if path not in self.given else self._next(path)
+
+    def exact(self, name: str) -> str:
+        """``name`` itself where it is free (an input's argument name), else a counter."""
+        taken = name in self.given or name in self.reserved
+        return self._next(name) if taken else self._give(name)
+
+    def op(self, qualname: str) -> str:
+        match = _SUFFIX.match(qualname)
+        base = match.group(1) if match else qualname
+        if base in self.last or base in self.reserved or base in self.given:
+            return self._next(base)
+        return self._give(base)
+
+    def _next(self, base: str) -> str:
+        k = self.last.get(base, 0) + 1
+        while f"{base}_{k}" in self.given or f"{base}_{k}" in self.reserved:
+            k += 1
+        return self._give(f"{base}_{k}")
+
+    def _give(self, name: str) -> str:
+        self.given.add(name)
+        self.last.setdefault(name, 0)
+        match = _SUFFIX.match(name)
+        if match:
+            base, k = match.group(1), int(match.group(2))
+            self.last[base] = max(self.last.get(base, 0), k)
+        return name
+
+
+class PointNamer:
+    """Names the nodes of one trace of ``model``, in the order they are created."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.paths = clean_paths(p for p, _ in model.named_modules(remove_duplicate=False))
+        self._names = _Counters(frozenset(self.paths.values()) - {""})
+        self._torchvision = LocalNamer()
+        self.calls: list[tuple[str, str]] = []  # (module path, name) of each module call
+
+    def path(self, raw: str) -> str:
+        """The point-name form of the raw module path ``raw``."""
+        found = self.paths.get(raw)
+        return found if found is not None else _clean_path(raw)
+
+    def input(self, argument: str) -> str:
+        name = self._names.exact(clean_segment(argument))
+        self._torchvision.reserve(name)
+        return name
+
+    def state(self, target: str) -> str:
+        """A parameter, buffer or constant read by the model's own code: its dotted target."""
+        return self._names.exact(_clean_path(target))
+
+    def leaf(self, raw_path: str, name: str) -> str | None:
+        """torchvision's name of a leaf module call named ``name``, where it differs."""
+        return self._other(self._torchvision.name(self.path(raw_path)), name)
+
+    def op(self, raw_path: str, local: str) -> tuple[str, str | None]:
+        """An op ``local`` (fx node name or op name) inside ``raw_path``; and torchvision's name."""
+        qualname = qualify(self.path(raw_path), clean_segment(local))
+        name = self._names.op(qualname)
+        return name, self._other(self._torchvision.name(qualname), name)
+
+    def module_output(self, raw_path: str) -> str:
+        """The name of a module call's output (the k-th call: ``<path>_<k>``); all module
+        calls are named before any op, so that no op takes a name a later call needs."""
+        path = self.path(raw_path)
+        name = self._names.module(path)
+        self.calls.append((path, name))
+        return name
+
+    @property
+    def meta(self) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """Graph meta ``module_calls``: ``(module path, point name)`` per call, in order."""
+        return ("module_calls", tuple(self.calls))
+
+    def _other(self, torchvision: str, name: str) -> str | None:
+        # A module path always means that module's output, whatever torchvision says.
+        if torchvision == name or torchvision in self._names.reserved:
+            return None
+        return torchvision
+
+
+def element_paths(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``(":<index or key>...", leaf)`` for each leaf of a module's output, in order.
+
+    Tuples and lists are indexed (``:0``), mappings (dicts, ``ModelOutput``) and
+    dataclasses keyed (``:logits``); ``None`` entries of a ``ModelOutput`` are absent.
+    """
+    if isinstance(value, Mapping):
+        items: Iterable[tuple[Any, Any]] = value.items()
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
+    elif isinstance(value, tuple | list):
+        items = enumerate(value)
+    else:
+        yield prefix, value
+        return
+    for key, item in items:
+        yield from element_paths(item, f"{prefix}:{clean_segment(str(key))}")

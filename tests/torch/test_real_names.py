@@ -1,0 +1,177 @@
+"""Names on awkward models: module paths that look like op counters, odd keys, reuse."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import clouseau
+from clouseau.capture import torch as ct
+from clouseau.capture.torch.names import clean_paths
+from clouseau.ir.graph import Frontend
+from tests.models.helpers import check_model
+
+
+class Inner(nn.Module):
+    """Children named like the op counters of their parent's ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.relu = nn.ReLU()
+        self.relu_1 = nn.ReLU()
+        self.add = nn.Identity()
+        self.ln_1 = nn.LayerNorm(4)
+        self.ln_2 = nn.LayerNorm(4)
+        self.x_1 = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.relu(self.ln_1(x))
+        b = self.relu_1(self.ln_2(x))
+        c = self.add(torch.relu(a) + b)
+        c = self.relu(c)  # the module's second call
+        return self.x_1(c) + F.relu(c)
+
+
+class Torture(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.relu = nn.ReLU()
+        self.add = Inner()
+        self.add_1 = Inner()
+        self.layers = nn.ModuleDict(
+            {"layer 1": nn.Linear(4, 4), "layer_1": nn.Linear(4, 4), "ünï#%,:*": nn.Linear(4, 4)}
+        )
+
+    def forward(self, x_1: torch.Tensor) -> torch.Tensor:
+        y = self.add(x_1)
+        y = self.add(y)  # a reused non-leaf module
+        y = self.add_1(y) + y  # a root op named like a module
+        for key in self.layers:
+            y = self.layers[key](y)
+        return self.relu(y) + torch.relu(y)
+
+
+def _inner(p: str, second: bool = False) -> list[str]:
+    # Module calls are named first: relu's second call is relu_2 (relu_1 is a module),
+    # its third relu_3, ...; then the ops take the first counters no call owns (the
+    # functional relu, the `+`). torchvision's own names (`ln` for ln_1) are aliases.
+    if not second:
+        return [
+            f"{p}.ln_1", f"{p}.ln", f"{p}.relu", f"{p}.ln_2", f"{p}.relu_1", f"{p}.relu_5",
+            f"{p}.add_2", f"{p}.add", f"{p}.relu_2", f"{p}.x_1", f"{p}.x", f"{p}.relu_6",
+            f"{p}.add_3",
+        ]  # fmt: skip
+    return [
+        f"{p}.ln_1_1", f"{p}.relu_3", f"{p}.ln_2_1", f"{p}.ln_3", f"{p}.relu_1_1",
+        f"{p}.relu_7", f"{p}.add_4", f"{p}.add_1", f"{p}.relu_4", f"{p}.x_1_1", f"{p}.relu_8",
+        f"{p}.relu_9", f"{p}.add_5",
+    ]  # fmt: skip
+
+
+GOLDEN = (
+    "x_1",
+    *_inner("add"), "add",
+    *_inner("add", second=True), "add_2",  # add_1 is a module: the next free counter
+    # called once: fewer module calls, so the ops' counters are lower
+    "add_1.ln_1", "add_1.ln", "add_1.relu", "add_1.ln_2", "add_1.relu_1", "add_1.relu_3",
+    "add_1.add_1", "add_1.add", "add_1.relu_2", "add_1.x_1", "add_1.x", "add_1.relu_4",
+    "add_1.add_2", "add_1",
+    "add_3",  # the root's `+`: add, add_1, add_2 are taken
+    # "layer 1" -> layer_1_1 (the real layer_1 keeps its name); torchvision: layer_2
+    "layers.layer_1_1", "layers.layer_1", "layers.layer_2", "layers._n______",
+    "relu", "relu_1", "add_4",
+)  # fmt: skip
+
+
+def test_golden_names_of_a_naming_torture_model() -> None:
+    g = ct.trace(Torture().eval(), torch.randn(2, 4))
+    assert g.frontend is Frontend.TORCH_FX
+    assert g.names() == GOLDEN
+    assert g.point("layers.layer_1_1").ref.node == "layers.layer_1_1"
+    assert g.node("layers.layer_1_1").target.endswith("Linear")
+    # Each module path names that module's output, whatever torchvision calls it.
+    assert g.point("add.ln_1").ref == g.point("add.ln").ref
+    assert g.point("add.ln_2").ref.node == "add.ln_2"
+    calls = [name for path, name in g.meta_value("module_calls") if path == "add"]
+    assert calls == ["add", "add_2"]
+
+
+def test_torture_model_values_equal_forward_hooks() -> None:
+    check_model(Torture().eval(), torch.randn(2, 4))
+
+
+class ShapeBranchTorture(Torture):
+    """fx cannot follow a branch on a shape: the export path."""
+
+    def forward(self, x_1: torch.Tensor) -> torch.Tensor:
+        if x_1.shape[0] > 1:
+            return super().forward(x_1)
+        return super().forward(x_1 * 2)
+
+
+def test_torture_model_values_equal_forward_hooks_on_the_export_path() -> None:
+    graph = check_model(ShapeBranchTorture().eval(), torch.randn(2, 4))
+    assert graph.frontend is Frontend.TORCH_EXPORT
+    module_names = {name for _, name in graph.meta_value("module_calls")}
+    fx_names = {
+        name for _, name in ct.trace(Torture().eval(), torch.randn(2, 4)).meta_value("module_calls")
+    }
+    assert module_names == fx_names
+
+
+def test_module_dict_with_odd_keys_is_sanitised_deterministically() -> None:
+    paths = clean_paths(["layers", "layers.layer 1", "layers.layer_1", "layers.a#b", "layers.é"])
+    assert paths == {
+        "": "", "layers": "layers", "layers.layer 1": "layers.layer_1_1",
+        "layers.layer_1": "layers.layer_1", "layers.a#b": "layers.a_b", "layers.é": "layers._",
+    }  # fmt: skip
+    model = Torture().eval()
+    fmodel = clouseau.instrument(model, select=None, path=None)
+    assert torch.equal(fmodel(torch.ones(2, 4)), model(torch.ones(2, 4)))
+    g = fmodel.trace(torch.ones(2, 4))
+    assert {"layers.layer_1", "layers.layer_1_1", "layers._n______"} <= set(g.names())
+    assert g.point("layers.layer_1").module == "layers.layer_1"
+
+
+@pytest.mark.parametrize(
+    "region",
+    [
+        lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+        torch.no_grad,
+        torch.inference_mode,
+        torch.enable_grad,
+    ],
+    ids=["autocast", "no_grad", "inference_mode", "enable_grad"],
+)
+def test_regions_that_change_numerics_keep_values_and_dtypes(region) -> None:  # type: ignore[no-untyped-def]
+    class Regions(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            with region():
+                y = self.a(x)
+            return y, self.b(x.float()) * 2
+
+    model = Regions().eval()
+    x = torch.randn(3, 4)
+    # enable_grad changes something only where grad is off
+    outer = torch.no_grad if region is torch.enable_grad else contextlib.nullcontext
+    with outer():
+        expected = model(x)
+        fmodel = clouseau.instrument(model, select="*", path=None)
+        actual = fmodel(x)
+    for a, e in zip(actual, expected, strict=True):
+        assert a.dtype == e.dtype and torch.equal(a, e)
+        if region is not torch.inference_mode:  # export records no inference_mode region
+            assert a.requires_grad == e.requires_grad
+    assert fmodel.captured.graph.frontend is Frontend.TORCH_EXPORT
+    assert "autocast, grad or inference mode" in fmodel.captured.graph.meta_value("fx_error")
+    with outer():
+        check_model(model, x)
