@@ -92,7 +92,7 @@ def test_a_shape_the_model_cannot_take_fails_with_its_own_error(tmp_path: object
     model = models.CNN().eval()
     with clouseau.instrument(model, select="conv", path=tmp_path) as fmodel:
         fmodel(torch.randn(2, 3, 8, 8))
-        with pytest.raises(RuntimeError, match="expected input.*to have 3 channels"):
+        with pytest.raises(RuntimeError, match=r"expected input.*to have 3 channels"):
             fmodel(torch.randn(2, 4, 8, 8))
         fmodel(torch.randn(1, 3, 5, 5))
     cap = clouseau.load(tmp_path)
