@@ -15,6 +15,8 @@ PUBLIC = {
     "TraceError", "diff", "draw", "export_onnx", "instrument", "load", "trace",
     # interventions (docs/interventions.md)
     "add", "clamp", "mean_ablate", "noise", "patch", "replace", "scale", "zero",
+    # torch.compile (DESIGN.md round 2)
+    "backend",
 }  # fmt: skip
 
 

@@ -113,3 +113,10 @@ def register_cache_pytrees(model: torch.nn.Module) -> None:
     except ImportError:  # another transformers release: leave the caches as they are
         return
     register_cache_pytrees_for_model(model)
+
+
+def lookup_backend(compiler: Any) -> Any:
+    """The ``torch.compile`` backend callable of a name (``"inductor"``) or callable."""
+    from torch._dynamo import lookup_backend as lookup
+
+    return lookup(compiler)

@@ -32,6 +32,8 @@ from clouseau.ir.selection import SelectLike
 from clouseau.ir.sink import SavedValue, Sink
 
 _training = attrgetter("training")
+# Runs a function outside Dynamo (a graph break around it) under torch.compile.
+_eager = torch.compiler.disable
 
 
 class _Entry:
@@ -222,7 +224,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         # even entering this module must wait for the trace to end. Defined here, this
         # __call__ is not the patched one.
         if not TRACE_LOCK.enter_shared():  # under torch.compile
-            return super().__call__(*args, **kwargs)
+            return self._compiled_call(args, kwargs)
         try:
             return super().__call__(*args, **kwargs)
         finally:
@@ -239,6 +241,28 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         if entry.tier is not None:  # the dynamic or hook tier: it runs the whole call
             return entry.tier(args, kwargs)
         return self._saving_call(entry, entry.inputs(args, kwargs))
+
+    def _compiled_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call inside ``torch.compile(fmodel)``: Dynamo compiles the lowered graph, and
+        the bookkeeping (finding or tracing the entry, handing saves to the sink) runs
+        eagerly between two graph breaks."""
+        entry = _eager(self._entry)(args, kwargs)
+        if entry.tier is not None or entry.grads:
+            return _eager(self.forward)(*args, **kwargs)
+        raw = entry.run(*entry.inputs(args, kwargs))
+        if entry.targets:
+            _eager(self._put_call)(entry, raw[1])
+        return entry.outputs(raw)
+
+    def _put_call(self, entry: _Entry, saved: tuple[torch.Tensor, ...]) -> None:
+        sink = self._sink
+        call = sink.begin_call()
+        try:
+            sink.put(call, entry.graph_id, _saved_values(entry.targets, saved))
+        except BaseException as error:
+            sink.fail_call(call, error)
+            raise
+        sink.end_call(call)
 
     def _saving_call(self, entry: _Entry, inputs: tuple[Any, ...]) -> Any:
         sink = self._sink

@@ -55,6 +55,7 @@ class _Region:
     graph_id: int
     targets: tuple[SaveTarget, ...]
     saves: bool
+    outputs: int = -1  # the count of outputs before the saves in a flat result; -1: nested
 
 
 class RegionCompiler:
@@ -123,14 +124,23 @@ class RegionCompiler:
             graph_id = self._sink.add_graph(lowered.graph)
             self.traces += 1
         module = lowered.module
-        run = module.forward if self._compiler is None else self._compiler(module, inputs)
-        region = _Region(run, graph_id, lowered.targets, bool(lowered.saves))
+        if self._compiler is None:
+            region = _Region(module.forward, graph_id, lowered.targets, bool(lowered.saves))
+        else:
+            # A backend takes a graph with one flat tuple of outputs: saves after outputs.
+            flat, count = _flattened(module) if lowered.saves else (module, -1)
+            run = self._compiler(flat, list(inputs))
+            region = _Region(run, graph_id, lowered.targets, bool(lowered.saves), count)
         if not region.saves:
-            return run
+            return region.run
         return lambda *args: self._run(region, args)
 
     def _run(self, region: _Region, args: tuple[Any, ...]) -> Any:
-        outputs, saved = region.run(*args)
+        raw = region.run(*args)
+        if region.outputs >= 0:
+            outputs, saved = tuple(raw[: region.outputs]), raw[region.outputs :]
+        else:
+            outputs, saved = raw
         values = [
             SavedValue(t.names, t.node, to_numpy(v, copy=t.host_copy))
             for t, v in zip(region.targets, saved, strict=True)
@@ -218,6 +228,15 @@ class RegionCompiler:
             self._namer.reserve(found)
             self._names[key] = found
         return found
+
+
+def _flattened(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
+    """``gm`` returning ``(*outputs, *saves)`` instead of ``(outputs, saves)``."""
+    graph = fx.Graph()
+    outputs, saves = graph.graph_copy(gm.graph, {})  # type: ignore[misc]
+    outputs = tuple(outputs) if isinstance(outputs, tuple | list) else (outputs,)
+    graph.output((*outputs, *saves))
+    return fx.GraphModule(gm, graph), len(outputs)
 
 
 def _resumed(gm: fx.GraphModule) -> bool:
