@@ -120,3 +120,12 @@ def lookup_backend(compiler: Any) -> Any:
     from torch._dynamo import lookup_backend as lookup
 
     return lookup(compiler)
+
+
+def pytree_children(value: Any) -> list[Any] | None:
+    """The children of a value of a registered pytree class (a cache), else None."""
+    node = _pytree.SUPPORTED_NODES.get(type(value))
+    if node is None:
+        return None
+    children, _ = node.flatten_fn(value)
+    return list(children)

@@ -201,6 +201,17 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
                 raise
             return getattr(model, name)
 
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's own ``generate`` (Hugging Face), with every forward step captured.
+
+        The prefill and each decode step are calls of the capture, in order; the tokens
+        equal ``model.generate``'s (greedy, sampling under a seed, batches with left
+        padding). See docs/generation.md for finding step k of sequence j.
+        """
+        from clouseau.capture.torch.generate import generate
+
+        return generate(self, *args, **kwargs)
+
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(dir(self.model)))
 
