@@ -8,6 +8,7 @@ included" rows build a fresh instrumented model each repetition, so its first-ca
 
 from __future__ import annotations
 
+import importlib
 import statistics
 import time
 import warnings
@@ -68,9 +69,8 @@ def _ratio(ours: Step, plain: Step, reps: int) -> tuple[float, float, float]:
 
 
 def _gpt2(layers: int, width: int) -> Any:
+    importlib.import_module("tests.conftest")  # torchvision's schemas, before transformers
     from transformers import GPT2Config, GPT2LMHeadModel
-
-    import tests.conftest  # noqa: F401 - torchvision's schemas, before transformers imports it
 
     torch.manual_seed(0)
     config = GPT2Config(

@@ -60,10 +60,27 @@ def export_symbols(graph: fx.Graph, key: str = "val") -> dict[str, Symbols]:
     return _symbols(values, lambda e: e, rename)
 
 
+# Modules whose output has their input's shape: their fake run is skipped (BatchNorm's
+# decomposition under symbolic shapes is most of a CNN's propagation time).
+_SAME_SHAPE = (
+    torch.nn.modules.batchnorm._BatchNorm, torch.nn.LayerNorm, torch.nn.GroupNorm,
+    torch.nn.ReLU, torch.nn.ReLU6, torch.nn.GELU, torch.nn.SiLU, torch.nn.Tanh,
+    torch.nn.Sigmoid, torch.nn.LeakyReLU, torch.nn.ELU, torch.nn.Hardswish,
+    torch.nn.Hardsigmoid, torch.nn.Mish, torch.nn.Softmax, torch.nn.LogSoftmax,
+    torch.nn.Identity, torch.nn.modules.dropout._DropoutNd,
+)  # fmt: skip
+
+
 class _Runner(fx.Interpreter):
     def __init__(self, gm: fx.GraphModule, values: dict[str, Any]) -> None:
         super().__init__(gm, garbage_collect_values=True)
         self.values = values
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        module = self.fetch_attr(str(target))
+        if isinstance(module, _SAME_SHAPE) and len(args) == 1 and not kwargs:
+            return torch.empty_like(args[0]) if isinstance(args[0], torch.Tensor) else args[0]
+        return super().call_module(target, args, kwargs)
 
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)
