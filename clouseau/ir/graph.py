@@ -227,6 +227,11 @@ class Point:
         return self.node.op
 
     @property
+    def exact_only(self) -> bool:
+        """Selected only by a glob equal to its name (state and non-tensor values)."""
+        return self.node.attr("point") == "exact"
+
+    @property
     def module(self) -> str:
         return self.node.module
 
@@ -285,13 +290,20 @@ class Graph:
         alone (a transposed weight, a mask built from constants), are not points: they are
         the model's state, not its activations, and would be written again on every call.
         A module's output is a point all the same (attr ``module_output``): a module fed
-        only by buffers (a position embedding) is still a module call a user selects.
+        only by buffers (a position embedding) is still a module call a user selects. A
+        frontend may make any value a point that only its exact name selects (attr
+        ``point="exact"``, :attr:`Point.exact_only`): torch does so for parameters, buffers
+        and non-tensor values, which torchvision's feature extraction names.
         """
         found: list[Point] = []
         for node in self.nodes:
             if node.kind in INSTRUMENTATION or node.kind is NodeKind.OUTPUT:
                 continue
-            if node.name in self._static and not node.attr("module_output"):
+            if (
+                node.name in self._static
+                and not node.attr("module_output")
+                and node.attr("point") != "exact"
+            ):
                 continue
             for i, spec in enumerate(node.outputs):
                 if isinstance(spec, TensorSpec):

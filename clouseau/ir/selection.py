@@ -80,6 +80,8 @@ SelectLike = str | Sequence[str] | Callable[[Point], bool] | Selector | None
 
 
 def glob_matches(pattern: str, point: Point) -> bool:
+    if point.exact_only:  # state and non-tensor values: named, never swept up by a glob
+        return pattern == point.name
     if "." in pattern:
         return fnmatch.fnmatchcase(point.name, pattern)
     last = point.name.rsplit(".", 1)[-1]

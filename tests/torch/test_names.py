@@ -10,7 +10,7 @@ import torch.fx as fx
 
 from clouseau.capture import torch as ct
 from clouseau.capture.torch.naming import LocalNamer
-from clouseau.ir.graph import Frontend, NodeKind, OpaqueSpec, TensorSpec
+from clouseau.ir.graph import DType, Frontend, NodeKind, OpaqueSpec, TensorSpec
 from clouseau.ir.verify import verify
 from tests.torch import models
 
@@ -66,7 +66,9 @@ def test_names_equal_torchvision_algorithm() -> None:
         path = tracer.scopes[node]
         qual = path if node.op == "call_module" else (f"{path}.{node}" if path else str(node))
         expected.append(_torchvision_qualname(qual, expected))
-    assert tuple(n.name for n in g.nodes if n.kind is not NodeKind.OUTPUT) == tuple(expected)
+    # (a leaf returning a tuple is "<path>:tuple"; "<path>" names its first element)
+    ours = (n.name.removesuffix(":tuple") for n in g.nodes if n.kind is not NodeKind.OUTPUT)
+    assert tuple(ours) == tuple(expected)
 
 
 class _ScopeTracer(fx.Tracer):
@@ -156,15 +158,19 @@ def test_modules_table() -> None:
 
 def test_encoder_names_and_opaque_values() -> None:
     g = ct.trace(models.Encoder().eval(), torch.randn(2, 5, 4))
-    attn = g.node("layers.0.attn")
+    # A leaf module returning a tuple: the call is no point, each element read is.
+    attn = g.node("layers.0.attn:tuple")
     assert attn.op == "multiheadattention" and isinstance(attn.outputs[0], OpaqueSpec)
-    assert "layers.0.attn" not in g.names()  # a tuple is not a point; its items are
+    assert g.point("layers.0.attn").ref == g.point("layers.0.attn:0").ref
+    assert g.point("layers.0.attn").ref.node == "layers.0.getitem"
     for name in ("layers.0.getitem", "layers.0.add", "layers.0.mlp.1", "layers.0", "layers.1.add_1",
                  "attn.softmax", "attn.matmul_1", "attn", "add", "norm"):  # fmt: skip
         assert name in g.names(), name
     assert g.point("layers.1").ref.node == "layers.1.add_1"
     assert g.point("attn").ref.node == "attn.proj"
-    assert g.node("attn.getattr").outputs[0] == OpaqueSpec("Size")
+    # A shape is a point (torchvision names it) that only its exact name selects.
+    assert g.node("attn.getattr").outputs[0] == TensorSpec((3,), DType.INT64)
+    assert g.point("attn.getattr").exact_only
 
 
 def test_functional_parameter_is_constant() -> None:

@@ -175,3 +175,87 @@ def test_regions_that_change_numerics_keep_values_and_dtypes(region) -> None:  #
     assert "autocast, grad or inference mode" in fmodel.captured.graph.meta_value("fx_error")
     with outer():
         check_model(model, x)
+
+
+class Counting(nn.Module):
+    """A module with a Python side effect, traced as a leaf (run, not traced)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x * 2
+
+
+class WithSideEffects(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.bn = nn.BatchNorm1d(4)
+        self.count = Counting()
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.count(self.bn(self.fc(x))))
+
+
+def test_the_first_call_runs_nothing_twice() -> None:
+    model, reference = WithSideEffects(), WithSideEffects()
+    reference.load_state_dict(model.state_dict())
+    ct.mark_leaf(model.count, reference.count)
+    hooked: list[int] = []
+    model.fc.register_forward_hook(lambda *_: hooked.append(1))
+    x = torch.randn(3, 4)
+    torch.manual_seed(1)
+    expected = [reference(x), reference(x)]  # training: dropout and BatchNorm statistics
+    rng_after = torch.rand(1)
+    fmodel = clouseau.instrument(model, select="*", path=None)
+    torch.manual_seed(1)
+    actual = [fmodel(x), fmodel(x)]
+    assert torch.equal(torch.rand(1), rng_after)  # the RNG advanced as in two eager calls
+    assert len(hooked) == 2 and model.count.calls == 2  # once per call
+    assert torch.equal(model.bn.running_mean, reference.bn.running_mean)
+    for a, e in zip(actual, expected, strict=True):
+        assert torch.equal(a, e)
+    captured = fmodel.captured
+    assert captured.calls == (0, 1)
+    for call, want in enumerate(expected):
+        assert torch.equal(torch.from_numpy(captured.get("drop", call=call)), want)
+
+
+def test_a_module_returning_no_tensor_is_listed_in_one_warning() -> None:
+    class Config(nn.Module):
+        def forward(self, x: torch.Tensor) -> dict[str, int]:
+            return {"width": 4}
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = Config()
+            self.other = Config()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x) * self.config(x)["width"] + self.other(x)["width"]
+
+    with pytest.warns(
+        UserWarning, match=r"2 module output\(s\).*config \(dict\), other \(dict\)"
+    ) as seen:
+        fmodel = clouseau.instrument(Model(), select="*", path=None)
+        fmodel(torch.randn(2, 4))
+    assert len([w for w in seen if "module output" in str(w.message)]) == 1
+
+
+def test_an_unflattenable_output_type_is_named_in_the_fix() -> None:
+    class Box:
+        def __init__(self, value: torch.Tensor) -> None:
+            self.value = value
+
+    class Boxed(nn.Module):
+        def forward(self, x: torch.Tensor, **options: object) -> Box:
+            return Box(x + 1)
+
+    with pytest.raises(clouseau.TraceError, match=r"Fix: the model takes or returns a .*Box"):
+        clouseau.trace(Boxed(), torch.randn(2))

@@ -1,8 +1,9 @@
 """The PyTorch frontend: trace an ``nn.Module`` into the IR and lower instrumented graphs.
 
-Tracing uses torch.fx with torchvision's node names (``layer1.0.relu_1``); a model fx
-cannot trace (shape-dependent control flow, ``len``/asserts on shapes) falls back to
-``torch.export`` and gets the same style of names from ``nn_module_stack``.
+Tracing uses torch.fx with torchvision's node names (``layer1.0.relu_1``), a module path
+always naming its module's output; a model fx cannot trace (shape-dependent control
+flow, ``len``/asserts on shapes, ``**kwargs``, autocast/no_grad regions) falls back to
+``torch.export`` and gets the same names from ``nn_module_stack`` and output marks.
 """
 
 from __future__ import annotations

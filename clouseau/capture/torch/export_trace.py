@@ -1,12 +1,12 @@
 """The fallback tracer: ``torch.export`` (non-strict), named from ``nn_module_stack``.
 
 torch.export handles what torch.fx cannot (shape-dependent Python control flow, ``len``
-or asserts on shapes), at the price of ATen-level ops. Names follow the fx convention as
-far as the graph allows: an op is ``<innermost module path>.<op>`` with a local counter
-(in-place ``add_`` is named ``add``), the op that returns a built-in torch.nn module's
-value is named by the module path, and every other module whose single escaping value a
-node is gets its path as an alias. Weights used only inside built-in modules are left out
-of the IR, as in the fx graph.
+or asserts on shapes, ``forward(**kwargs)``, autocast and no_grad regions), at the price
+of ATen-level ops. Names follow the fx convention (:mod:`names`): an op is ``<innermost
+module path>.<op>`` with a local counter (in-place ``add_`` is named ``add``); module
+outputs are found by marks (:mod:`export_marks`): the node a built-in module's call
+returns is named by the call, and every other module output gets its name as an alias.
+Weights used only inside built-in modules are left out of the IR, as in the fx graph.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-"""Trace with torch.fx, naming nodes exactly as torchvision's ``get_graph_node_names``."""
+"""Trace with torch.fx, naming nodes as torchvision's ``get_graph_node_names`` (module
+paths first: see :mod:`clouseau.capture.torch.names`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -162,11 +164,26 @@ class NamingTracer(fx.Tracer):
             elif node.op == "call_module":
                 name = leaf_names[node]
                 other = namer.leaf(path, name)
+                name = self._tuple_elements(node, name)
             else:  # "<path>.<fx node name>" with a counter local to the name
                 name, other = namer.op(path, node.name)
             if other is not None:
                 self.torchvision[node] = other
             self.records[node] = (name, namer.path(path), module_type, source)
+
+    def _tuple_elements(self, node: fx.Node, name: str) -> str:
+        """A leaf call whose value is only indexed (a tuple): each element read is the point
+        ``<path>:<index>``, the first also ``<path>``; the call itself is ``<path>:tuple``."""
+        users = list(node.users)
+        if not users or not all(
+            u.target is operator.getitem and isinstance(u.args[1], int) for u in users
+        ):
+            return name
+        for user in users:
+            index = user.args[1]
+            first = (name,) if index == 0 else ()
+            self.module_outputs.setdefault(user, []).extend((*first, f"{name}:{index}"))
+        return f"{name}:tuple"
 
     def create_node(
         self,

@@ -198,7 +198,8 @@ def build_graph(
                 module=info.module, module_type=info.module_type, target=info.target,
                 source=info.source, key=fx_node.name,
                 aliases=tuple((0, a) for a in info.aliases),
-                attrs=_module_attrs(model, fx_node) + _static_output(info, inputs, static),
+                attrs=_module_attrs(model, fx_node)
+                + _point_kind(info, inputs, static, fx_node.name in facts.plain),
             )
         )  # fmt: skip
         by_fx[fx_node.name] = info.name
@@ -220,15 +221,23 @@ def _with_symbols(spec: Spec | None, symbols: Symbols | None) -> Spec:
     return spec
 
 
-def _static_output(
-    info: NodeInfo, inputs: tuple[Ref, ...], static: set[str]
+def _point_kind(
+    info: NodeInfo, inputs: tuple[Ref, ...], static: set[str], plain: bool
 ) -> tuple[tuple[str, AttrValue], ...]:
-    # A module's output computed from state alone (a position embedding fed by a buffer)
-    # is a point all the same: the attr exempts it from Graph.points' rule for state.
-    if info.module_output and (
-        info.kind is NodeKind.CONSTANT or all(r.node in static for r in inputs)
-    ):
+    """The attrs that make a value a point in spite of Graph.points' rule for state.
+
+    A module's output computed from state alone (a position embedding fed by a buffer) is
+    a point like any module output. Parameters, buffers, what is computed from them alone
+    and non-tensor values (shapes, ints, None) are points that only their exact name
+    selects (torchvision names them; a bare ``"*"`` would write the state every call).
+    """
+    if info.kind is NodeKind.OUTPUT or (info.kind is NodeKind.INPUT and not plain):
+        return ()
+    is_static = info.kind is NodeKind.CONSTANT or all(r.node in static for r in inputs)
+    if info.module_output and is_static:
         return (("module_output", True),)
+    if not info.module_output and (is_static or plain):
+        return (("point", "exact"),)
     return ()
 
 

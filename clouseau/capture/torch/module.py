@@ -23,6 +23,7 @@ from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.intervene import emitting_grads
 from clouseau.capture.torch.ir_build import UntraceableError
 from clouseau.capture.torch.lower import Lowered, SaveTarget, lower
+from clouseau.capture.torch.naming import host_array
 from clouseau.capture.torch.probe import FirstRun
 from clouseau.ir.actions import Action
 from clouseau.ir.errors import TraceError
@@ -103,7 +104,11 @@ class _Entry:
             return
         external = {_storage(t) for t in _tensors((inputs, raw[0]))}
         external |= {_storage(t) for t in (*model.parameters(), *model.buffers())}
-        escaping = {i for i in private if _storage(raw[1][i]) in external}
+        escaping = {
+            i
+            for i in private
+            if isinstance(raw[1][i], torch.Tensor) and _storage(raw[1][i]) in external
+        }
         if escaping:
             self.targets = tuple(
                 replace(t, host_copy=True) if i in escaping else t
@@ -303,7 +308,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         call = sink.begin_call()
         try:
             values = [
-                SavedValue(t.names, t.node, to_numpy(first.values[t.key], copy=False))
+                SavedValue(t.names, t.node, _first_array(first.values[t.key]))
                 for t in entry.targets
             ]
             sink.put(call, entry.graph_id, values)
@@ -467,7 +472,11 @@ def _saved_values(
     targets: tuple[SaveTarget, ...], tensors: tuple[torch.Tensor, ...]
 ) -> list[SavedValue]:
     return [
-        SavedValue(target.names, target.node, to_numpy(t, copy=target.host_copy))
+        SavedValue(
+            target.names,
+            target.node,
+            to_numpy(t, copy=target.host_copy) if isinstance(t, torch.Tensor) else host_array(t),
+        )
         for target, t in zip(targets, tensors, strict=True)
     ]
 
@@ -519,6 +528,11 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 def _storage(t: torch.Tensor) -> tuple[str, int]:
     return (str(t.device), t.untyped_storage().data_ptr())
+
+
+def _first_array(value: Any) -> np.ndarray:
+    # The first run's copies are private to it: no second copy.
+    return to_numpy(value, copy=False) if isinstance(value, torch.Tensor) else host_array(value)
 
 
 def to_numpy(t: torch.Tensor, *, copy: bool = True) -> np.ndarray:

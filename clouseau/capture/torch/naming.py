@@ -170,6 +170,29 @@ def function_op(target: Any) -> str:
     return name[:-1] if name.endswith("_") and not name.startswith("_") and len(name) > 1 else name
 
 
+_SCALARS = {bool: DType.BOOL, int: DType.INT64, float: DType.FLOAT64}
+_NUMPY = {DType.BOOL: "bool", DType.INT64: "int64", DType.FLOAT64: "float64"}
+
+
+def is_plain_value(value: Any) -> bool:
+    """Whether ``value`` is a Python scalar, a tuple of ints (a shape) or ``None``."""
+    return (
+        type(value) in _SCALARS
+        or value is None
+        or (isinstance(value, tuple) and all(type(v) is int for v in value))
+    )
+
+
+def host_array(value: Any) -> Any:
+    """The numpy array a non-tensor point saves (:func:`spec_of` gives its spec)."""
+    import numpy as np
+
+    if value is None:
+        return np.zeros((0,), dtype="float32")
+    scalar = _SCALARS.get(type(value))
+    return np.asarray(value, dtype=_NUMPY[scalar] if scalar is not None else "int64")
+
+
 _DTYPES = {
     torch.bool: DType.BOOL, torch.uint8: DType.UINT8, torch.int8: DType.INT8,
     torch.int16: DType.INT16, torch.int32: DType.INT32, torch.int64: DType.INT64,
@@ -181,7 +204,19 @@ _DTYPES = {
 
 
 def spec_of(value: Any) -> Spec:
-    """The IR spec of a runtime value; tensors of dtypes the IR lacks (fp8) are opaque."""
+    """The IR spec of a runtime value; tensors of dtypes the IR lacks (fp8) are opaque.
+
+    A Python scalar is a 0-d array (``bool``, ``int64``, ``float64``), a shape or tuple of
+    ints a 1-d ``int64`` array, and ``None`` an empty ``float32`` array: such values are
+    points (torchvision names them) that save as those arrays (see :func:`host_array`).
+    """
+    scalar = _SCALARS.get(type(value))
+    if scalar is not None:
+        return TensorSpec((), scalar)
+    if value is None:
+        return TensorSpec((0,), DType.FLOAT32)
+    if isinstance(value, tuple) and all(type(v) is int for v in value):
+        return TensorSpec((len(value),), DType.INT64)
     if isinstance(value, torch.Tensor):
         dtype = _DTYPES.get(value.dtype)
         if dtype is not None and not value.is_sparse and not value.is_quantized:

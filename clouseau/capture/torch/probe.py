@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 
 from clouseau.capture.torch._compat import tensor_version, tree_leaves
-from clouseau.capture.torch.naming import spec_of
+from clouseau.capture.torch.naming import is_plain_value, spec_of
 from clouseau.ir.graph import Spec
 
 StorageKey = tuple[str, int]
@@ -38,6 +38,7 @@ class Probe:
     specs: dict[str, Spec]
     mutated_later: frozenset[str]
     escapes: frozenset[str]
+    plain: frozenset[str] = frozenset()  # values that are Python scalars, shapes or None
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,14 +46,15 @@ class FirstRun:
     """The user's first call, run once by the probe: its output and every value at birth."""
 
     output: Any
-    values: dict[str, torch.Tensor]
+    values: dict[str, Any]
 
 
 class _Recorder(fx.Interpreter):
     def __init__(self, gm: fx.GraphModule, *, keep: bool = False) -> None:
         super().__init__(gm, garbage_collect_values=False)  # keep storages alive and distinct
         self.keep = keep
-        self.values: dict[str, torch.Tensor] = {}
+        self.values: dict[str, Any] = {}
+        self.plain: set[str] = set()
         self.specs: dict[str, Spec] = {}
         self.storages: dict[str, set[StorageKey]] = {}
         self.mutations: list[set[StorageKey]] = []  # per node, in order
@@ -65,7 +67,11 @@ class _Recorder(fx.Interpreter):
             _storage(t) for t, v in zip(inputs, versions, strict=True) if tensor_version(t) != v
         }
         self.mutations.append(mutated)
-        if self.keep and isinstance(result, torch.Tensor):
+        if is_plain_value(result):
+            self.plain.add(n.name)
+            if self.keep:
+                self.values[n.name] = result
+        elif self.keep and isinstance(result, torch.Tensor):
             # A copy taken now: a later in-place op may change the value itself.
             self.values[n.name] = result.detach().clone()
         self.specs[n.name] = spec_of(result)
@@ -116,7 +122,12 @@ def _facts(gm: fx.GraphModule, model: torch.nn.Module, recorder: _Recorder) -> P
         if recorder.storages.get(name, set()) & later:
             mutated_later.add(name)
         later |= mutated
-    return Probe(recorder.specs, frozenset(mutated_later), _escapes(gm, model, recorder))
+    return Probe(
+        recorder.specs,
+        frozenset(mutated_later),
+        _escapes(gm, model, recorder),
+        frozenset(recorder.plain),
+    )
 
 
 def _escapes(gm: fx.GraphModule, model: torch.nn.Module, recorder: _Recorder) -> frozenset[str]:

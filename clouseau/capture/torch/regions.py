@@ -31,7 +31,7 @@ from clouseau.capture.torch._compat import dynamo_frame_module
 from clouseau.capture.torch.ir_build import TracedModel, build_graph
 from clouseau.capture.torch.lower import SaveTarget, lower_traced
 from clouseau.capture.torch.module import to_numpy
-from clouseau.capture.torch.naming import LocalNamer
+from clouseau.capture.torch.naming import LocalNamer, host_array
 from clouseau.capture.torch.probe import probe
 from clouseau.capture.torch.stack_names import stack_infos
 from clouseau.capture.torch.symbolic import export_symbols
@@ -142,7 +142,11 @@ class RegionCompiler:
         else:
             outputs, saved = raw
         values = [
-            SavedValue(t.names, t.node, to_numpy(v, copy=t.host_copy))
+            SavedValue(
+                t.names,
+                t.node,
+                to_numpy(v, copy=t.host_copy) if isinstance(v, torch.Tensor) else host_array(v),
+            )
             for t, v in zip(region.targets, saved, strict=True)
         ]
         call = getattr(self._local, "call", None)
