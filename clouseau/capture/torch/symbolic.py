@@ -23,6 +23,7 @@ from clouseau.capture.torch._compat import (
     simplified,
     tree_leaves,
 )
+from clouseau.capture.torch.naming import is_leaf_class
 from clouseau.capture.torch.probe import restoring_buffers
 
 Symbols = tuple[str, ...]
@@ -80,12 +81,20 @@ class _Runner(fx.Interpreter):
         module = self.fetch_attr(str(target))
         if isinstance(module, _SAME_SHAPE) and len(args) == 1 and not kwargs:
             return torch.empty_like(args[0]) if isinstance(args[0], torch.Tensor) else args[0]
-        return super().call_module(target, args, kwargs)
+        if not is_leaf_class(type(module)):
+            # A user's leaf (mark_leaf) may have Python side effects: no second run.
+            raise _UserLeafError(str(target))
+        # forward, not __call__: a shape run is no call of the model (no user hooks).
+        return module.forward(*args, **kwargs)
 
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)
         self.values[n.name] = result
         return result
+
+
+class _UserLeafError(Exception):
+    """A user's leaf module: the graph is not run on fake tensors."""
 
 
 def _fake(mode: Any, value: Any) -> Any:
