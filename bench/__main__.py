@@ -34,6 +34,7 @@ COMPARISONS: dict[str, tuple[str, str, str]] = {
     "torch-cnn": ("bench.bench_torch", "compare_model", "cnn"),
     "torch-gpt": ("bench.bench_torch", "compare_model", "gpt"),
     "torch-overhead": ("bench.bench_overhead", "per_call_overhead", ""),
+    "torch-workloads": ("bench.bench_workloads", "real_workloads", ""),
     "torchlens-mlp": ("bench.bench_torch", "compare_torchlens", "mlp"),
     "torchlens-cnn": ("bench.bench_torch", "compare_torchlens", "cnn"),
     "jax-mlp": ("bench.bench_jax", "compare_model", "mlp"),

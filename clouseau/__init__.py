@@ -9,7 +9,7 @@ drop-in model that writes those activations to safetensors::
     cap = clouseau.load(".clouseau")
 """
 
-from clouseau.api import diff, draw, explore, export_onnx, instrument, trace
+from clouseau.api import backend, diff, draw, explore, export_onnx, instrument, trace
 from clouseau.dataset import record
 from clouseau.ir.actions import add, clamp, mean_ablate, noise, patch, replace, scale, zero
 from clouseau.ir.errors import CaptureError, ClouseauError, SelectionError, TraceError
@@ -29,6 +29,7 @@ __all__ = [
     "Selector",
     "TraceError",
     "add",
+    "backend",
     "clamp",
     "diff",
     "draw",

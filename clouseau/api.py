@@ -10,6 +10,7 @@ from clouseau._explore import explore as _explore
 from clouseau._explore import install_reprs
 from clouseau.capture import frontend_for
 from clouseau.ir.actions import Action
+from clouseau.ir.errors import MissingExtraError
 from clouseau.ir.graph import Graph
 from clouseau.ir.interventions import check_intervene
 from clouseau.ir.selection import SelectLike, check_select
@@ -94,6 +95,50 @@ def instrument(
         return frontend.instrument(
             model, select=select, sink=sink, intervene=intervene, grads=grads
         )
+    except BaseException:
+        sink.close()
+        raise
+
+
+def backend(
+    select: SelectLike = "*",
+    path: str | os.PathLike[str] | None = DEFAULT_PATH,
+    max_size_mb: float = 1024,
+    filename_pattern: str = DEFAULT_PATTERN,
+    *,
+    compiler: Any = "inductor",
+    intervene: Mapping[Any, Action] | None = None,
+) -> Any:
+    """A ``torch.compile`` backend that saves the selected activations of the compiled model.
+
+    ``torch.compile(model, backend=clouseau.backend(select="relu*", path=".clouseau"))``
+    instruments each graph TorchDynamo compiles (names as :func:`instrument` gives them)
+    and compiles the instrumented graph with ``compiler``.
+
+    Parameters
+    ----------
+    select, path, max_size_mb, filename_pattern, intervene
+        As for :func:`instrument`.
+    compiler
+        The backend that compiles the instrumented graphs: ``"inductor"`` (the default,
+        as ``torch.compile``'s), ``"aot_eager"``, ``"eager"``, or a backend callable.
+
+    Returns
+    -------
+    clouseau.capture.torch.backend.Backend
+        Pass it as ``backend=``; a context manager whose exit (or ``close()``) flushes the
+        capture, with ``captured`` and ``traces``. Each run of a compiled graph is one call.
+    """
+    try:
+        from clouseau.capture.torch.backend import Backend
+    except ImportError as error:  # torch missing
+        raise MissingExtraError("torch", "torch") from error
+
+    check_select(select)
+    intervene = check_intervene(intervene)
+    sink = open_sink(path, max_size_mb, filename_pattern)
+    try:
+        return Backend(select, sink, compiler=compiler, intervene=intervene)
     except BaseException:
         sink.close()
         raise

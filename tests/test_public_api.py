@@ -17,6 +17,8 @@ PUBLIC = {
     "explore",
     # interventions (docs/interventions.md)
     "add", "clamp", "mean_ablate", "noise", "patch", "replace", "scale", "zero",
+    # torch.compile (DESIGN.md round 2)
+    "backend",
 }  # fmt: skip
 
 

@@ -66,10 +66,18 @@ _SHORT = {
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Shape and element type of a tensor value."""
+    """Shape and element type of a tensor value.
+
+    ``shape`` is the shape seen when the graph was traced; ``symbols`` (empty, or one
+    string per dimension) names the dimensions that may change from call to call
+    (``"s0"``, ``"2*s1"``), ``""`` for the fixed ones. Saved arrays keep their own
+    concrete shapes.
+    """
 
     shape: tuple[int, ...]
     dtype: DType
+    # Not part of equality: two specs of one shape and dtype describe the same values.
+    symbols: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def numel(self) -> int:
@@ -83,7 +91,17 @@ class TensorSpec:
         return self.numel * self.dtype.itemsize
 
     def __str__(self) -> str:
-        return f"{self.dtype.short}[{','.join(map(str, self.shape))}]"
+        dims = (
+            [sym or str(d) for sym, d in zip(self.symbols, self.shape, strict=True)]
+            if self.symbols
+            else map(str, self.shape)
+        )
+        return f"{self.dtype.short}[{','.join(dims)}]"
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether some dimension may change from call to call."""
+        return any(self.symbols)
 
 
 @dataclass(frozen=True)
@@ -125,6 +143,8 @@ INSTRUMENTATION = frozenset({NodeKind.SAVE, NodeKind.INTERVENE, NodeKind.SAVE_GR
 class Frontend(enum.Enum):
     TORCH_FX = "torch.fx"
     TORCH_EXPORT = "torch.export"
+    TORCH_DYNAMO = "torch.dynamo"  # one graph per region between Dynamo's graph breaks
+    TORCH_HOOKS = "torch.hooks"  # module outputs through forward hooks: the last resort
     JAX = "jax"
 
 

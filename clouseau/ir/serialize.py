@@ -98,13 +98,17 @@ def _source_fields(source: Source) -> tuple[str, int, str, str]:
 
 def _spec_out(spec: Spec) -> dict[str, Any]:
     if isinstance(spec, TensorSpec):
-        return {"shape": list(spec.shape), "dtype": spec.dtype.value}
+        out: dict[str, Any] = {"shape": list(spec.shape), "dtype": spec.dtype.value}
+        if spec.dynamic:
+            out["symbols"] = list(spec.symbols)
+        return out
     return {"type": spec.type_name}
 
 
 def _spec_in(data: dict[str, Any]) -> Spec:
     if "dtype" in data:
-        return TensorSpec(tuple(int(d) for d in data["shape"]), DType(data["dtype"]))
+        symbols = tuple(str(s) for s in data.get("symbols", ()))
+        return TensorSpec(tuple(int(d) for d in data["shape"]), DType(data["dtype"]), symbols)
     return OpaqueSpec(data["type"])
 
 

@@ -141,7 +141,8 @@ def test_the_instrumented_model_is_a_drop_in() -> None:
     assert fmodel.config is model.config
     assert fmodel.device == model.device
     assert fmodel.get_input_embeddings() is model.get_input_embeddings()
-    assert fmodel.generate.__func__ is type(model).generate  # delegates (no capture)
+    # generate is clouseau's own: the model's generate with every step captured.
+    assert fmodel.generate.__func__ is type(fmodel).generate
     assert list(fmodel.state_dict()) == list(model.state_dict())
     state = {k: v.clone() + 1 for k, v in model.state_dict().items()}
     fmodel.load_state_dict(state)

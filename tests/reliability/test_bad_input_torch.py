@@ -36,11 +36,16 @@ def test_untraceable_model_names_model_both_causes_line_and_fix() -> None:
     assert "torch.where" in text and "torch.cond" in text and "mark_leaf" in text
 
 
-def test_untraceable_model_at_first_call_keeps_nothing_and_mark_leaf_fixes_it() -> None:
-    fmodel = clouseau.instrument(ValueBranch(), path=None)
-    with pytest.raises(TraceError, match="cannot trace ValueBranch"):
-        fmodel(torch.randn(2, 4))
-    assert fmodel.captured.calls == () and dict(fmodel.captured.failed_calls) == {}
+def test_untraceable_model_runs_in_the_dynamic_tier_and_mark_leaf_keeps_it_static() -> None:
+    # A model that runs eagerly is never refused: fx and export fail, TorchDynamo runs it,
+    # and the warning says so and why.
+    model = ValueBranch()
+    fmodel = clouseau.instrument(model, path=None)
+    x = torch.randn(2, 4)
+    with pytest.warns(UserWarning, match=r"ValueBranch uses the dynamic \(TorchDynamo\) tier"):
+        assert torch.equal(fmodel(x), model(x))
+    assert fmodel.captured.calls == (0,)
+    assert np.array_equal(fmodel.captured.get("fc", call=0), model.fc(x).detach().numpy())
 
     # The fix the message gives: the branching module runs untraced as one node.
     class Outer(nn.Module):
@@ -114,7 +119,6 @@ def test_wrong_number_of_arguments(
     [
         (torch.ones(2, 4, dtype=torch.float64), "float64[2, 4]", "must have the same dtype"),
         (torch.ones(2, 4, dtype=torch.int64), "int64[2, 4]", "must have the same dtype"),
-        (torch.ones(2, 5), "float32[2, 5]", "cannot be multiplied"),
         ("text", "'text'", "must be Tensor, not str"),
     ],
 )
@@ -128,7 +132,7 @@ def test_inputs_the_model_rejects_keep_earlier_calls(
         assert torch.equal(fmodel(xs[1]), model(xs[1]))
         with pytest.raises(TraceError) as info:
             fmodel(bad)
-        # A new shape is a new signature: traced again, and the model keeps working.
+        # A new structure is traced anew; the model keeps working (a new shape: no trace).
         assert torch.equal(fmodel(xs[2]), model(xs[2]))
     text = str(info.value)
     line = line_of("return self.fc2(self.act(self.fc(x)))")
@@ -140,13 +144,26 @@ def test_inputs_the_model_rejects_keep_earlier_calls(
 
     cap = clouseau.load(tmp_path)
     assert cap.calls == (0, 1, 2) and dict(cap.failed_calls) == {}
-    assert len(cap.graphs) == 2  # (2, 4) and (3, 4); the failed trace added none
+    assert len(cap.graphs) == 1  # (2, 4) serves (3, 4); the failed trace added none
     for call, x in enumerate(xs):
         with torch.no_grad():
             hidden = model.fc(x)
             assert np.array_equal(cap.get("x", call=call), x.numpy())
             assert np.array_equal(cap.get("fc", call=call), hidden.numpy())
             assert np.array_equal(cap.get("fc2", call=call), model(x).numpy())
+
+
+def test_a_shape_the_model_cannot_take_fails_with_its_own_error(tmp_path: Path) -> None:
+    # Same structure, another shape: no trace; the model's own error, the call failed.
+    model = Small()
+    with clouseau.instrument(model, select="*", path=tmp_path) as fmodel:
+        fmodel(torch.randn(2, 4))
+        with pytest.raises(RuntimeError, match="cannot be multiplied"):
+            fmodel(torch.ones(2, 5))
+        fmodel(torch.randn(3, 4))
+    cap = clouseau.load(tmp_path)
+    assert list(cap.failed_calls) == [1] and "cannot be multiplied" in cap.failed_calls[1]
+    assert cap.calls == (0, 2) and len(cap.graphs) == 1
 
 
 class NestedOutputs(nn.Module):

@@ -120,7 +120,8 @@ def test_the_trace_lock_is_released_after_every_call() -> None:
         fm = ct.instrument(nn.Sequential(nn.Linear(3, 3), flaky), select=select, sink=sink)
         fm(torch.randn(2, 3))
         with pytest.raises(RuntimeError):
-            fm(torch.randn(2, 4))  # a new signature whose trace fails
+            # A new structure (dtype) whose trace fails; a new shape is no new trace.
+            fm(torch.randn(2, 3, dtype=torch.float64))
         flaky.fail = True
         with pytest.raises(ValueError, match="boom"):
             fm(torch.randn(2, 3))  # a cached signature whose run fails

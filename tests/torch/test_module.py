@@ -139,20 +139,23 @@ def test_no_grad_and_autograd_gradients_equal(sink: FakeSink) -> None:
     assert_same(xa.grad, xb.grad)
 
 
-def test_lazy_retrace_on_new_shape(sink: FakeSink) -> None:
+def test_one_trace_per_structure_not_per_shape(sink: FakeSink) -> None:
     model = models.CNN().eval()
     fm = ct.instrument(model, select="conv", sink=sink)
     for size in (6, 6, 8, 6):
         x = torch.randn(1, 3, size, size)
         assert_same(fm(x), model(x))
         assert sink.by_name()["conv"].shape == (1, 6, size, size)
-    assert len(sink.graphs) == 2
+    assert len(sink.graphs) == 1 and fm.traces == 1
     graph_ids = [gid for call in sorted(sink.values) for gid, _ in sink.values[call]]
-    assert graph_ids == [0, 0, 1, 0]
+    assert graph_ids == [0, 0, 0, 0]
+    x = torch.randn(1, 3, 6, 6)[None]  # a new rank: a new structure
+    with pytest.raises(clouseau.TraceError):
+        fm(x)
     fm.to(torch.float64)  # .to() drops the lowered graphs: buffers may be new tensors
     x = torch.randn(1, 3, 6, 6, dtype=torch.float64)
     assert_same(fm(x), model(x))
-    assert len(sink.graphs) == 3
+    assert len(sink.graphs) == 2 and fm.traces == 2
 
 
 def test_trace_leaves_state_and_rng_alone() -> None:

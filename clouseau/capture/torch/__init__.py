@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
+from clouseau.capture.torch.host import to_numpy
 from clouseau.capture.torch.ir_build import trace_model
 from clouseau.capture.torch.lower import Lowered, lower
-from clouseau.capture.torch.module import InstrumentedModule, to_numpy
+from clouseau.capture.torch.module import InstrumentedModule
 from clouseau.capture.torch.traced import mark_leaf
 from clouseau.ir.graph import Graph
 from clouseau.ir.selection import SelectLike, check_select

@@ -27,6 +27,10 @@ def tree_unflatten(leaves: list[Any], spec: TreeSpec) -> Any:
     return _pytree.tree_unflatten(leaves, spec)
 
 
+def tree_map(fn: Any, tree: Any) -> Any:
+    return _pytree.tree_map(fn, tree)
+
+
 def tree_leaves(tree: Any) -> list[Any]:
     return _pytree.tree_leaves(tree)
 
@@ -39,6 +43,59 @@ def is_registered_node(value: Any) -> bool:
 def is_op_overload(target: Any) -> bool:
     """Whether an fx call target is an ATen operator (``torch.ops.aten.add.Tensor``)."""
     return isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket)
+
+
+def dynamic_fake_mode() -> tuple[Any, Any]:
+    """A fake-tensor mode whose tensors get a symbol per dimension, and its shape env.
+
+    ``duck_shape=False``: two dimensions of equal size are not assumed to be one symbol;
+    ``specialize_zero_one=False``: a dimension of size 1 in the example stays a symbol.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv(duck_shape=False, specialize_zero_one=False)
+    return FakeTensorMode(shape_env=env, allow_non_fake_inputs=True), env
+
+
+def fake_from_tensor(mode: Any, t: torch.Tensor) -> torch.Tensor:
+    """A fake copy of ``t`` in ``mode`` with every dimension symbolic."""
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * t.dim())
+    return mode.from_tensor(t, symbolic_context=context)
+
+
+def simplified(env: Any, expr: Any) -> Any:
+    """``expr`` with what the run pinned (``s1 == 64``) substituted."""
+    return env.simplify(expr)
+
+
+def check_export_inputs(
+    placeholders: list[Any], flat_args_with_path: list[Any], range_constraints: Any
+) -> None:
+    """Raise if the inputs break an exported graph's shape guards (as ``ep.module()`` does)."""
+    from torch._export.utils import _check_input_constraints_for_graph
+
+    _check_input_constraints_for_graph(placeholders, flat_args_with_path, range_constraints)
+
+
+def tree_flatten_with_path(tree: Any) -> tuple[list[Any], TreeSpec]:
+    return _pytree.tree_flatten_with_path(tree)
+
+
+def dynamo_frame_module() -> Any:
+    """In a ``torch.compile`` backend call: the module whose method Dynamo is compiling
+    (the frame's first argument), or None."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+        first = tx.f_code.co_varnames[0] if tx.f_code.co_argcount else None
+        found = tx.f_locals.get(first) if first else None
+    except Exception:
+        return None
+    return found if isinstance(found, torch.nn.Module) else None
 
 
 def register_cache_pytrees(model: torch.nn.Module) -> None:
@@ -56,3 +113,19 @@ def register_cache_pytrees(model: torch.nn.Module) -> None:
     except ImportError:  # another transformers release: leave the caches as they are
         return
     register_cache_pytrees_for_model(model)
+
+
+def lookup_backend(compiler: Any) -> Any:
+    """The ``torch.compile`` backend callable of a name (``"inductor"``) or callable."""
+    from torch._dynamo import lookup_backend as lookup
+
+    return lookup(compiler)
+
+
+def pytree_children(value: Any) -> list[Any] | None:
+    """The children of a value of a registered pytree class (a cache), else None."""
+    node = _pytree.SUPPORTED_NODES.get(type(value))
+    if node is None:
+        return None
+    children, _ = node.flatten_fn(value)
+    return list(children)

@@ -11,13 +11,21 @@ Weights used only inside built-in modules are left out of the IR, as in the fx g
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
 import torch.fx as fx
 from torch.export.graph_signature import InputKind, OutputKind
 
-from clouseau.capture.torch._compat import register_cache_pytrees, tree_flatten, tree_unflatten
+from clouseau.capture.torch._compat import (
+    check_export_inputs,
+    pytree_children,
+    register_cache_pytrees,
+    tree_flatten,
+    tree_flatten_with_path,
+    tree_unflatten,
+)
 from clouseau.capture.torch.caches import CacheAdopter
 from clouseau.capture.torch.export_marks import Mark, Marks, marking, take_marks
 from clouseau.capture.torch.names import PointNamer
@@ -37,8 +45,7 @@ def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
     """Trace ``model`` with ``torch.export.export(strict=False)`` into a :class:`Traced`."""
     kwargs = canonical_kwargs(model, kwargs)
     register_cache_pytrees(model)
-    with marking(model) as marks:
-        ep = torch.export.export(model, args, kwargs, strict=False)
+    ep, marks = _export(model, args, kwargs)
     graph = ep.graph_module.graph
     marked = take_marks(ep.graph_module, marks)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -94,6 +101,19 @@ def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
             )
         return tuple(leaves)
 
+    user_inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    ranges = ep.range_constraints
+
+    def accepts(a: tuple[Any, ...], kw: dict[str, Any]) -> bool:
+        flat, spec = tree_flatten_with_path((tuple(a), canonical_kwargs(model, kw)))
+        if spec != in_spec:
+            return False
+        try:
+            check_export_inputs(user_inputs, flat, ranges)
+        except Exception:
+            return False
+        return True
+
     return Traced(
         gm=gm,
         frontend=Frontend.TORCH_EXPORT,
@@ -102,7 +122,48 @@ def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
         from_outputs=lambda flat: caches.adopt(tree_unflatten(list(flat), out_spec)),
         opaque_outputs=tuple((namer.path(p), t) for p, t in marks.untraceable.items()),
         meta=(namer.meta,),
+        accepts=accepts,
     )
+
+
+def _export(
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, Marks]:
+    """Export with every tensor dimension free (``Dim.AUTO``): torch.export keeps dynamic
+    what the model lets vary and specializes the rest, so one export serves every shape
+    its guards allow. When the dynamic export fails on something else than the model's
+    data-dependent control flow (an input structure ``dynamic_shapes`` cannot describe),
+    the export is static, once per shape."""
+    try:
+        with marking(model) as marks:
+            dynamic = _dynamic_shapes(model, args, kwargs)
+            ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic, strict=False)
+    except Exception as error:
+        if "data-dependent" in str(error):
+            raise  # the model's own control flow: a static export fails alike
+        # Each attempt has its own module-call marks: a failed one leaves none behind.
+        with marking(model) as marks:
+            ep = torch.export.export(model, args, kwargs, strict=False)
+    return ep, marks
+
+
+def _dynamic_shapes(
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """``Dim.AUTO`` for every dimension of every tensor, by ``forward``'s parameter names."""
+    bound = inspect.signature(model.forward).bind_partial(*args, **kwargs)
+    return {name: _auto_dims(value) for name, value in bound.arguments.items()}
+
+
+def _auto_dims(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return {i: torch.export.Dim.AUTO for i in range(value.dim())}
+    if isinstance(value, list | tuple):
+        return type(value)(_auto_dims(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _auto_dims(v) for k, v in value.items()}
+    children = pytree_children(value)  # a cache: the spec follows its flattened children
+    return [_auto_dims(c) for c in children] if children is not None else None
 
 
 def _infos(

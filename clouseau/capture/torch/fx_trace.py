@@ -53,6 +53,10 @@ for _op, _name in INPLACE_OPERATORS.items():
     setattr(InplaceProxy, f"__{_op.__name__}__", _inplace_method(_op, _name))
 
 
+# Random draws that take no tensor (fx sees no proxy in their arguments).
+_RANDOM = ("rand", "randn", "randint", "randperm", "normal")
+
+
 class NumericsStateError(RuntimeError):
     """The traced code changes global state that changes numerics, which fx cannot record."""
 
@@ -90,6 +94,27 @@ class NamingTracer(fx.Tracer):
         self.torchvision: dict[fx.Node, str] = {}
         self.numerics = numerics_state()
         self.opaque_outputs: dict[str, str] = {}
+
+    def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
+        # torch.rand(2, 3) has no proxy argument: fx would run it once and bake its value
+        # (or a trip count drawn from it) into the graph. Record each draw as a node, so
+        # every call draws anew, as eager does, and control flow on a draw fails to trace.
+        originals = {name: getattr(torch, name) for name in _RANDOM}
+        for name, fn in originals.items():
+            setattr(torch, name, self._recorded(fn))
+        try:
+            return super().trace(root, concrete_args)
+        finally:
+            for name, fn in originals.items():
+                setattr(torch, name, fn)
+
+    def _recorded(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def draw(*args: Any, **kwargs: Any) -> Any:
+            if isinstance(kwargs.get("generator"), torch.Generator):
+                return fn(*args, **kwargs)  # a user's generator cannot be a graph argument
+            return self.create_proxy("call_function", fn, args, kwargs)
+
+        return draw
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return InplaceProxy(node, self)

@@ -18,10 +18,31 @@ from clouseau.capture.torch.export_trace import trace_export
 from clouseau.capture.torch.fx_trace import trace_fx
 from clouseau.capture.torch.naming import source_from_exception, source_from_stack
 from clouseau.capture.torch.probe import FirstRun, Probe, probe, probe_call
+from clouseau.capture.torch.symbolic import Symbols, export_symbols, fx_symbols
 from clouseau.capture.torch.traced import NodeInfo, Traced
 from clouseau.ir.errors import TraceError
-from clouseau.ir.graph import AttrValue, Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref
+from clouseau.ir.graph import (
+    AttrValue,
+    Frontend,
+    Graph,
+    ModuleInfo,
+    Node,
+    NodeKind,
+    OpaqueSpec,
+    Ref,
+    Spec,
+    TensorSpec,
+)
 from clouseau.ir.verify import verify
+
+
+class UntraceableError(TraceError):
+    """Neither torch.fx nor torch.export can trace the model (its control flow, not its
+    inputs): ``reasons`` holds the first line of each tracer's error."""
+
+    def __init__(self, message: str, reasons: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.reasons = reasons
 
 
 class FirstRunSlot:
@@ -101,9 +122,14 @@ def _trace_model(
                 # fx followed the code but the traced ops failed on the example values:
                 # the inputs (shapes, dtypes, types) do not fit the model.
                 message = _inputs_rejected(model, args, kwargs, fx_error, export_error, fx_infos)
-            else:
-                message = _both_failed(model, fx_error, export_error)
-            raise TraceError(message) from export_error
+                raise TraceError(message) from export_error
+            raise UntraceableError(
+                _both_failed(model, fx_error, export_error),
+                (
+                    f"torch.fx: {_first_line(fx_error)}",
+                    f"torch.export: {_first_line(export_error)}",
+                ),
+            ) from export_error
     if traced.opaque_outputs:
         listed = ", ".join(f"{path} ({kind})" for path, kind in traced.opaque_outputs)
         warnings.warn(
@@ -112,7 +138,13 @@ def _trace_model(
             "Select a tensor computed from them instead.",
             stacklevel=2,
         )
-    return TracedModel(traced, facts, build_graph(model, traced, facts), FirstRunSlot(first))
+    symbols = (
+        fx_symbols(traced.gm, model, traced.to_inputs(args, kwargs))
+        if traced.frontend is Frontend.TORCH_FX
+        else export_symbols(traced.gm.graph)
+    )
+    graph = build_graph(model, traced, facts, symbols)
+    return TracedModel(traced, facts, graph, FirstRunSlot(first))
 
 
 def _probe(
@@ -127,8 +159,17 @@ def _live_probe(
     return probe_call(traced.gm, model, traced.to_inputs(args, kwargs))
 
 
-def build_graph(model: torch.nn.Module, traced: Traced, facts: Probe) -> Graph:
-    """The verified IR of ``traced``, with the specs observed by ``facts``."""
+def build_graph(
+    model: torch.nn.Module,
+    traced: Traced,
+    facts: Probe,
+    symbols: Mapping[str, Symbols] | None = None,
+) -> Graph:
+    """The verified IR of ``traced``, with the specs observed by ``facts``.
+
+    ``symbols`` (by fx node name) marks the dimensions that follow the inputs' sizes.
+    """
+    symbols = symbols or {}
     nodes: list[Node] = []
     by_fx: dict[str, str] = {}
     taken: set[str] = set()
@@ -141,7 +182,7 @@ def build_graph(model: torch.nn.Module, traced: Traced, facts: Probe) -> Graph:
         outputs = (
             ()
             if info.kind is NodeKind.OUTPUT
-            else (facts.specs.get(fx_node.name, OpaqueSpec("None")),)
+            else (_with_symbols(facts.specs.get(fx_node.name), symbols.get(fx_node.name)),)
         )
         taken.add(info.name)
         if info.kind is NodeKind.CONSTANT or (
@@ -167,6 +208,14 @@ def build_graph(model: torch.nn.Module, traced: Traced, facts: Probe) -> Graph:
         meta=(("training", model.training), *traced.meta),
     )
     return verify(graph)
+
+
+def _with_symbols(spec: Spec | None, symbols: Symbols | None) -> Spec:
+    if spec is None:
+        return OpaqueSpec("None")
+    if symbols and isinstance(spec, TensorSpec) and len(symbols) == len(spec.shape):
+        return replace(spec, symbols=symbols)
+    return spec
 
 
 def _point_kind(

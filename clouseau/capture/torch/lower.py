@@ -101,7 +101,25 @@ def lower(
     probe is the user's call: ``lowered.traced.first`` holds its output and values.
     """
     traced = trace_model(model, args, kwargs, live=live and not intervene and not grads)
-    rewritten = rewrite(traced.graph, select=select, intervene=intervene, grads=grads)
+    return lower_traced(traced, select, intervene=intervene, grads=grads)
+
+
+def lower_traced(
+    traced: TracedModel,
+    select: SelectLike,
+    *,
+    intervene: Mapping[Any, Action] | None = None,
+    grads: Grads = False,
+    strict: bool = True,
+) -> Lowered:
+    """Rewrite a traced model's IR for ``select``, ``intervene`` and ``grads`` and lower it.
+
+    ``strict=False``: a pattern that matches nothing here is no error (one region of
+    several, in the dynamic tier).
+    """
+    rewritten = rewrite(
+        traced.graph, select=select, intervene=intervene, grads=grads, strict=strict
+    )
     graph = rewritten.graph
     targets = tuple(
         SaveTarget(

@@ -3,33 +3,40 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
+from dataclasses import replace
 from functools import partial
 from operator import attrgetter
 from typing import Any
 
-import ml_dtypes
-import numpy as np
 import torch
 
 from clouseau.capture._session import CaptureSession
 from clouseau.capture.torch._compat import (
-    is_registered_node,
     register_cache_pytrees,
-    tree_flatten,
 )
 from clouseau.capture.torch._sync import TRACE_LOCK
+from clouseau.capture.torch.host import saved_values, to_numpy
 from clouseau.capture.torch.intervene import emitting_grads
+from clouseau.capture.torch.ir_build import UntraceableError
 from clouseau.capture.torch.lower import Lowered, SaveTarget, lower
-from clouseau.capture.torch.naming import host_array
 from clouseau.capture.torch.probe import FirstRun
+from clouseau.capture.torch.signature import (
+    MAX_SIGNATURES,
+    exact_key,
+    storage_of,
+    structure_key,
+    tensors_of,
+)
 from clouseau.ir.actions import Action
-from clouseau.ir.errors import CaptureError
+from clouseau.ir.errors import TraceError
 from clouseau.ir.graph import Graph
 from clouseau.ir.interventions import Grads
 from clouseau.ir.selection import SelectLike
 from clouseau.ir.sink import SavedValue, Sink
 
 _training = attrgetter("training")
+# Runs a function outside Dynamo (a graph break around it) under torch.compile.
+_eager = torch.compiler.disable
 
 
 class _Entry:
@@ -42,7 +49,19 @@ class _Entry:
     entry fixes the count of positional arguments and the keyword names).
     """
 
-    __slots__ = ("grads", "graph_id", "inputs", "lowered", "outputs", "plain", "run", "targets")
+    __slots__ = (
+        "accepts",
+        "grads",
+        "graph_id",
+        "inputs",
+        "lowered",
+        "outputs",
+        "plain",
+        "run",
+        "targets",
+        "tier",
+        "unverified",
+    )
 
     def __init__(
         self,
@@ -67,6 +86,36 @@ class _Entry:
         # Nothing to save now or at backward: the call is the model's (interventions and
         # all), with no sink bookkeeping.
         self.plain = not (self.targets or self.grads)
+        self.accepts = traced.accepts
+        self.tier: Callable[[tuple[Any, ...], dict[str, Any]], Any] | None = None
+        # A new shape of this entry's structure: its first saving call checks that no
+        # saved value handed out without a copy shares memory beyond the call.
+        self.unverified = False
+
+    def verify(self, inputs: tuple[Any, ...], raw: Any, model: torch.nn.Module) -> None:
+        """Copy, from now on, every saved value whose memory this call shows to escape.
+
+        The probe of the traced shape decided which saved values are private to a call
+        (handed to the sink without a copy). A view at one shape may be a copy at another
+        (``reshape``), so a call at a new shape checks the private ones against the
+        inputs, the weights and the outputs: a cheap storage comparison.
+        """
+        self.unverified = False
+        private = [i for i, t in enumerate(self.targets) if not t.host_copy]
+        if not private:
+            return
+        external = {storage_of(t) for t in tensors_of((inputs, raw[0]))}
+        external |= {storage_of(t) for t in (*model.parameters(), *model.buffers())}
+        escaping = {
+            i
+            for i in private
+            if isinstance(raw[1][i], torch.Tensor) and storage_of(raw[1][i]) in external
+        }
+        if escaping:
+            self.targets = tuple(
+                replace(t, host_copy=True) if i in escaping else t
+                for i, t in enumerate(self.targets)
+            )
 
 
 def _direct_attributes(gm: torch.fx.GraphModule, model: torch.nn.Module) -> None:
@@ -96,15 +145,23 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     """``model`` that also hands the selected activations of every call to a sink.
 
     The model is held as the submodule ``model`` (parameters shared, not copied). A graph
-    is traced and lowered lazily per input signature (shapes, dtypes, devices, strides,
-    non-tensor arguments, the training flag of every module) and cached; ``.to()`` and
-    friends drop the cache, as they may replace buffers the lowered graphs read.
+    is traced and lowered lazily per input *structure* (pytree, dtypes, ranks, devices,
+    non-tensor arguments, the training flag of every module), not per shape: an fx graph
+    takes any shape, an exported one every shape its guards allow (a call that breaks
+    them exports again). ``traces`` counts the traces. ``.to()`` and friends drop the
+    cache, as they may replace buffers the lowered graphs read.
 
     It is a drop-in for the model: an attribute it does not define is the model's
     (``fmodel.config``, ``fmodel.device``, ``fmodel.get_input_embeddings()``;
     ``fmodel.generate`` runs the model's own ``generate``, which does not capture), and
     ``state_dict()``/``load_state_dict()`` use the model's own keys (no ``model.``
     prefix), also when the instrumented model is itself a submodule.
+
+    Attributes
+    ----------
+    traces : int
+        How many graphs were traced (a new structure, a broken export guard, a region
+        Dynamo compiled in the dynamic tier).
     """
 
     def __init__(
@@ -124,10 +181,22 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         self._grads = grads
         # Plain dict, not submodules: the lowered graphs hold references to the model's
         # own modules and weights, which must be registered (and counted) once.
-        self._lowered: dict[Hashable, _Entry] = {}
+        # Two levels: the exact call signature (shapes included) -> its entry, a dict hit
+        # per call; on a miss, the entries of the call's structure, the first whose
+        # guards accept the call.
+        self._lowered: dict[Hashable, Any] = {}
+        self._by_structure: dict[Hashable, list[_Entry]] = {}
         self._module_list: tuple[torch.nn.Module, ...] | None = None
+        self._traces = 0
+        self._tier: Any = None  # the dynamic or hook tier, once fx and export failed
         self.register_state_dict_post_hook(_model_keys)
         self.register_load_state_dict_pre_hook(_wrapper_keys)
+
+    @property
+    def traces(self) -> int:
+        """How many graphs were traced: one per input structure (and per broken export
+        guard), plus one per region Dynamo compiled in the dynamic tier."""
+        return self._traces + (self._tier.traces if self._tier is not None else 0)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails: the per-call path never comes here.
@@ -139,23 +208,41 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
                 raise
             return getattr(model, name)
 
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's own ``generate`` (Hugging Face), with every forward step captured.
+
+        The prefill and each decode step are calls of the capture, in order; the tokens
+        equal ``model.generate``'s (greedy, sampling under a seed, batches with left
+        padding). See docs/generation.md for finding step k of sequence j.
+        """
+        from clouseau.capture.torch.generate import generate
+
+        return generate(self, *args, **kwargs)
+
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(dir(self.model)))
 
     def trace(self, *args: Any, **kwargs: Any) -> Graph:
         """Trace and lower for this call signature now; returns the graph with its saves."""
-        return self._entry(args, kwargs).lowered.graph
+        return self.lowered(*args, **kwargs).graph
 
     def lowered(self, *args: Any, **kwargs: Any) -> Lowered:
         """The lowered GraphModule for this call signature (e.g. for an ONNX exporter)."""
-        return self._entry(args, kwargs).lowered
+        entry = self._entry(args, kwargs)
+        if entry.tier is not None:
+            raise TraceError(
+                f"{type(self.model).__name__} runs in the {self._tier.name} tier: it has no single "
+                "graph to trace ahead of a call; call the model, then read the graph of each "
+                "region in fmodel.captured.graphs"
+            )
+        return entry.lowered
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # While another thread traces, torch.fx has patched nn.Module.__call__ itself, so
         # even entering this module must wait for the trace to end. Defined here, this
         # __call__ is not the patched one.
         if not TRACE_LOCK.enter_shared():  # under torch.compile
-            return super().__call__(*args, **kwargs)
+            return self._compiled_call(args, kwargs)
         try:
             return super().__call__(*args, **kwargs)
         finally:
@@ -169,7 +256,31 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
                 return self._first_call(entry, first)
         if entry.plain:  # the model, and only the model
             return entry.outputs(entry.run(*entry.inputs(args, kwargs)))
+        if entry.tier is not None:  # the dynamic or hook tier: it runs the whole call
+            return entry.tier(args, kwargs)
         return self._saving_call(entry, entry.inputs(args, kwargs))
+
+    def _compiled_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call inside ``torch.compile(fmodel)``: Dynamo compiles the lowered graph, and
+        the bookkeeping (finding or tracing the entry, handing saves to the sink) runs
+        eagerly between two graph breaks."""
+        entry = _eager(self._entry)(args, kwargs)
+        if entry.tier is not None or entry.grads:
+            return _eager(self.forward)(*args, **kwargs)
+        raw = entry.run(*entry.inputs(args, kwargs))
+        if entry.targets:
+            _eager(self._put_call)(entry, raw[1])
+        return entry.outputs(raw)
+
+    def _put_call(self, entry: _Entry, saved: tuple[torch.Tensor, ...]) -> None:
+        sink = self._sink
+        call = sink.begin_call()
+        try:
+            sink.put(call, entry.graph_id, saved_values(entry.targets, saved))
+        except BaseException as error:
+            sink.fail_call(call, error)
+            raise
+        sink.end_call(call)
 
     def _saving_call(self, entry: _Entry, inputs: tuple[Any, ...]) -> Any:
         sink = self._sink
@@ -181,8 +292,10 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
                     raw = entry.run(*inputs)
             else:
                 raw = entry.run(*inputs)
+            if entry.unverified and entry.targets:
+                entry.verify(inputs, raw, self.model)
             if entry.targets:
-                sink.put(call, entry.graph_id, _saved_values(entry.targets, raw[1]))
+                sink.put(call, entry.graph_id, saved_values(entry.targets, raw[1]))
         except BaseException as error:
             sink.fail_call(call, error)
             raise
@@ -196,11 +309,8 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         sink = self._sink
         call = sink.begin_call()
         try:
-            values = [
-                SavedValue(t.names, t.node, _first_array(first.values[t.key]))
-                for t in entry.targets
-            ]
-            sink.put(call, entry.graph_id, values)
+            values = tuple(first.values[t.key] for t in entry.targets)
+            sink.put(call, entry.graph_id, saved_values(entry.targets, values, first=True))
         except BaseException as error:
             sink.fail_call(call, error)
             raise
@@ -212,19 +322,25 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     ) -> None:
         self._sink.put(call, graph_id, [SavedValue(names, node, to_numpy(grad))])
 
-    def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
+    def _key(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        of: Callable[[Any], Hashable] | None = None,
+    ) -> Hashable:
+        of = of or exact_key
         modules = self._module_list
         if modules is None:  # walking the module tree each call costs more
             modules = self._module_list = tuple(self.model.modules())
-        kw = tuple(sorted((k, _key(v)) for k, v in kwargs.items())) if kwargs else ()
-        return (tuple(map(_key, args)), kw, tuple(map(_training, modules)))
+        kw = tuple(sorted((k, of(v)) for k, v in kwargs.items())) if kwargs else ()
+        return (tuple(map(of, args)), kw, tuple(map(_training, modules)))
 
-    def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Entry:
+    def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self._new_entry(args, kwargs, live=False)[0]
 
     def _new_entry(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], *, live: bool
-    ) -> tuple[_Entry, FirstRun | None]:
+    ) -> tuple[Any, FirstRun | None]:
         """The entry of this call's signature, traced now if new; with ``live`` the trace
         runs the call itself, and only the thread that traced gets its :class:`FirstRun`."""
         key = self._key(args, kwargs)
@@ -234,23 +350,80 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             with TRACE_LOCK.exclusive():
                 found = self._lowered.get(key)
                 if found is None:
-                    lowered = lower(
-                        self.model,
-                        args,
-                        kwargs,
-                        self._select,
-                        intervene=self._intervene,
-                        grads=self._grads,
-                        live=live,
-                    )
-                    graph_id = self._sink.add_graph(lowered.graph)
-                    found = _Entry(self.model, lowered, graph_id, args, kwargs)
+                    found, first = self._for_structure(args, kwargs, live)
+                    if len(self._lowered) >= MAX_SIGNATURES:  # unbounded shapes: start over
+                        self._lowered.clear()
                     self._lowered[key] = found
-                    return found, lowered.traced.first.take()
+                    return found, first
         return found, None
+
+    def _for_structure(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], live: bool
+    ) -> tuple[Any, FirstRun | None]:
+        """The entry of this call's structure whose guards accept it, traced if none does
+        (with ``live``, the trace runs this call: its :class:`FirstRun` comes back)."""
+        if self._tier is not None:
+            return self._tier_entry, None
+        entries = self._by_structure.setdefault(self._key(args, kwargs, structure_key), [])
+        for entry in entries:
+            if entry.accepts is None or entry.accepts(args, kwargs):
+                entry.unverified = True
+                return entry, None
+        try:
+            lowered = lower(
+                self.model,
+                args,
+                kwargs,
+                self._select,
+                intervene=self._intervene,
+                grads=self._grads,
+                live=live,
+            )
+        except UntraceableError as error:
+            if self._grads:
+                raise  # gradients are saved by the static tiers only
+            from clouseau.capture.torch.dynamo import DynamicTier
+
+            tier = DynamicTier(self.model, self._select, self._sink, self._intervene)
+            return self._to_tier(tier, tier.name, error.reasons), None
+        self._traces += 1
+        graph_id = self._sink.add_graph(lowered.graph)
+        entry = _Entry(self.model, lowered, graph_id, args, kwargs)
+        entries.append(entry)
+        return entry, lowered.traced.first.take()
+
+    def _to_tier(self, tier: Any, name: str, reasons: tuple[str, ...]) -> _TierEntry:
+        from clouseau.capture.torch.dynamo import warn_tier
+
+        warn_tier(self.model, name, reasons)
+        self._tier = tier
+        self._tier_entry = _TierEntry(self._call_tier)
+        return self._tier_entry
+
+    def _call_tier(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from clouseau.capture.torch.dynamo import DynamicTier
+
+        tier = self._tier
+        out = tier(args, kwargs)
+        if isinstance(tier, DynamicTier):
+            name = type(self.model).__name__
+            if tier.failure is not None:  # this call ran with hooks already
+                self._to_hooks(tier.failure)
+            elif not tier.compiler.root_compiled:
+                # This call saved what Dynamo compiled (nested modules); later calls see
+                # every module through hooks.
+                self._to_hooks(f"TorchDynamo skipped {name}.forward: a graph break inside a loop")
+        return out
+
+    def _to_hooks(self, reason: str) -> None:
+        from clouseau.capture.torch.dynamo import HookTier
+
+        hooks = HookTier(self.model, self._select, self._sink)
+        self._to_tier(hooks, hooks.name, (reason,))
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self._lowered.clear()
+        self._by_structure.clear()
         self._module_list = None
         return super()._apply(fn, *args, **kwargs)
 
@@ -284,67 +457,11 @@ def _wrapper_keys(module: torch.nn.Module, state: dict[str, Any], prefix: str, *
         state[prefix + _PREFIX + key[len(prefix) :]] = state.pop(key)
 
 
-def _saved_values(
-    targets: tuple[SaveTarget, ...], tensors: tuple[torch.Tensor, ...]
-) -> list[SavedValue]:
-    for target, t in zip(targets, tensors, strict=True):
-        if isinstance(t, torch.Tensor) and t.is_meta:
-            raise CaptureError(
-                f"point {target.names[0]!r} is a meta tensor: it has a shape but no values "
-                "to save. Run the model on a real device, or instrument it with select=None"
-            )
-    return [
-        SavedValue(
-            target.names,
-            target.node,
-            to_numpy(t, copy=target.host_copy) if isinstance(t, torch.Tensor) else host_array(t),
-        )
-        for target, t in zip(targets, tensors, strict=True)
-    ]
+class _TierEntry:
+    """The entry of every call once the model runs in the dynamic or hook tier."""
 
+    __slots__ = ("plain", "tier")
 
-def _key(value: Any) -> Hashable:
-    if isinstance(value, torch.Tensor):
-        # torch.Size is a tuple: hashable as it is.
-        return ("T", value.shape, value.stride(), value.dtype, value.device)
-    if isinstance(value, list | tuple):
-        return (type(value).__name__, tuple(map(_key, value)))
-    if isinstance(value, dict):
-        return ("dict", tuple((k, _key(v)) for k, v in value.items()))
-    if is_registered_node(value):
-        # A cache object is keyed by what it holds (it grows in place between calls).
-        leaves, spec = tree_flatten(value)
-        return ("tree", type(value), str(spec), tuple(map(_key, leaves)))
-    try:
-        hash(value)
-    except TypeError:
-        return ("repr", type(value).__name__, repr(value))
-    return ("V", type(value), value)
-
-
-_BITS = {
-    torch.bfloat16: (torch.int16, ml_dtypes.bfloat16),
-    torch.float8_e4m3fn: (torch.uint8, ml_dtypes.float8_e4m3fn),
-    torch.float8_e5m2: (torch.uint8, ml_dtypes.float8_e5m2),
-}
-
-
-def _first_array(value: Any) -> np.ndarray:
-    # The first run's copies are private to it: no second copy.
-    return to_numpy(value, copy=False) if isinstance(value, torch.Tensor) else host_array(value)
-
-
-def to_numpy(t: torch.Tensor, *, copy: bool = True) -> np.ndarray:
-    """A host array with the dtype, shape and values of ``t`` (C-contiguous).
-
-    With ``copy=False`` a CPU tensor's memory is shared, not copied: only for tensors
-    nothing else can write to once the call returns (see ``SaveTarget.host_copy``).
-    """
-    if t.dtype in _BITS:  # numpy has no bfloat16 nor float8: through integer bits
-        bits, dtype = _BITS[t.dtype]
-        t = t.detach().resolve_conj().resolve_neg()
-        array = t.cpu().view(bits).numpy().view(dtype)
-    else:
-        # detach().cpu().resolve_conj().resolve_neg().numpy() in one call (a third faster).
-        array = t.numpy(force=True)
-    return np.array(array, order="C", copy=True) if copy else np.asarray(array, order="C")
+    def __init__(self, tier: Callable[[tuple[Any, ...], dict[str, Any]], Any]) -> None:
+        self.plain = False
+        self.tier = tier

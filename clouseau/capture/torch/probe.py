@@ -83,7 +83,7 @@ def probe(gm: fx.GraphModule, model: torch.nn.Module, inputs: tuple[Any, ...]) -
     """Run ``gm`` once on copies of ``inputs``, leaving ``model``'s state and the RNG as they were."""
     recorder = _Recorder(gm)
     copies = tuple(_copy(x) for x in inputs)
-    with torch.no_grad(), _restoring_buffers(model), _forked_rng(inputs):
+    with torch.no_grad(), restoring_buffers(model), _forked_rng(inputs):
         recorder.run(*copies)
     return _facts(gm, model, recorder)
 
@@ -160,7 +160,7 @@ def _copy(value: Any) -> Any:
 
 
 @contextmanager
-def _restoring_buffers(model: torch.nn.Module) -> Iterator[None]:
+def restoring_buffers(model: torch.nn.Module) -> Iterator[None]:
     saved = [
         (module, name, buf, buf.detach().clone())
         for module in model.modules()

@@ -45,7 +45,12 @@ class NodeInfo:
 
 @dataclass(frozen=True, eq=False)
 class Traced:
-    """A traced model. ``infos`` lacks nodes left out of the IR (export's weight inputs)."""
+    """A traced model. ``infos`` lacks nodes left out of the IR (export's weight inputs).
+
+    ``accepts(args, kwargs)`` says whether a call whose structure matches the traced one
+    (same pytree, dtypes, ranks) fits the graph too: an fx graph takes any shape (None), an
+    exported one only the shapes its guards allow (a dimension it specialized on).
+    """
 
     gm: fx.GraphModule
     frontend: Frontend
@@ -53,6 +58,7 @@ class Traced:
     to_inputs: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
     from_outputs: Callable[[Any], Any]
     meta: tuple[tuple[str, AttrValue], ...] = ()
+    accepts: Callable[[tuple[Any, ...], dict[str, Any]], bool] | None = None
     # Module calls whose output holds no traced tensor: (module path, output type).
     opaque_outputs: tuple[tuple[str, str], ...] = ()
 

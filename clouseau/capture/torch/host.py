@@ -1,0 +1,60 @@
+"""Saved values to the host: numpy arrays of the values a call saves (bf16 and float8
+through their integer bits, as numpy has neither)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from clouseau.capture.torch.lower import SaveTarget
+from clouseau.capture.torch.naming import host_array
+from clouseau.ir.errors import CaptureError
+from clouseau.ir.sink import SavedValue
+
+
+def saved_values(
+    targets: tuple[SaveTarget, ...], values: tuple[Any, ...], *, first: bool = False
+) -> list[SavedValue]:
+    """The values one call saves, paired with their targets. ``first``: the first run's
+    values, private to it (no host copy needed)."""
+    return [
+        SavedValue(target.names, target.node, _host(target, value, copy=target.host_copy and not first))
+        for target, value in zip(targets, values, strict=True)
+    ]  # fmt: skip
+
+
+def _host(target: SaveTarget, value: Any, *, copy: bool) -> np.ndarray:
+    if not isinstance(value, torch.Tensor):
+        return host_array(value)  # a Python scalar, a shape, None (torchvision's names)
+    if value.is_meta:
+        raise CaptureError(
+            f"point {target.names[0]!r} is a meta tensor: it has a shape but no values "
+            "to save. Run the model on a real device, or instrument it with select=None"
+        )
+    return to_numpy(value, copy=copy)
+
+
+_BITS = {
+    torch.bfloat16: (torch.int16, ml_dtypes.bfloat16),
+    torch.float8_e4m3fn: (torch.uint8, ml_dtypes.float8_e4m3fn),
+    torch.float8_e5m2: (torch.uint8, ml_dtypes.float8_e5m2),
+}
+
+
+def to_numpy(t: torch.Tensor, *, copy: bool = True) -> np.ndarray:
+    """A host array with the dtype, shape and values of ``t`` (C-contiguous).
+
+    With ``copy=False`` a CPU tensor's memory is shared, not copied: only for tensors
+    nothing else can write to once the call returns (see ``SaveTarget.host_copy``).
+    """
+    if t.dtype in _BITS:  # numpy has no bfloat16 nor float8: through integer bits
+        bits, dtype = _BITS[t.dtype]
+        t = t.detach().resolve_conj().resolve_neg()
+        array = t.cpu().view(bits).numpy().view(dtype)
+    else:
+        # detach().cpu().resolve_conj().resolve_neg().numpy() in one call (a third faster).
+        array = t.numpy(force=True)
+    return np.array(array, order="C", copy=True) if copy else np.asarray(array, order="C")

@@ -1,0 +1,80 @@
+"""torch.compile interop: ``torch.compile(fmodel)`` and ``clouseau.backend``.
+
+Inductor fuses and reorders float arithmetic, so its values may differ from eager by
+rounding: captures are compared with ``rtol=1e-5, atol=1e-6`` (docs/dynamic.md); with
+``aot_eager`` (no code generation) they are bit-exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import clouseau
+from tests.torch import dynamic_models as dm
+from tests.torch import models
+from tests.torch.conftest import eager_with_hooks
+
+TOLERANCE = {"aot_eager": {"rtol": 0, "atol": 0}, "inductor": {"rtol": 1e-5, "atol": 1e-6}}
+PATHS = ["conv", "bn", "head"]
+
+
+def _close(actual: object, expected: torch.Tensor, compiler: str) -> None:
+    np.testing.assert_allclose(np.asarray(actual), expected.numpy(), **TOLERANCE[compiler])
+
+
+def _inputs() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(b, 3, 8, 8, generator=g) for b in (2, 2, 3)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
+def test_compiling_the_instrumented_model(compiler: str) -> None:
+    model = models.CNN().eval()
+    fmodel = clouseau.instrument(model, select=PATHS, path=None)
+    compiled = torch.compile(fmodel, backend=compiler)
+    for call, x in enumerate(_inputs()):
+        expected, hooks = eager_with_hooks(model, x)
+        with torch.no_grad():
+            _close(compiled(x).numpy(), expected, compiler)
+        for path in PATHS:
+            _close(fmodel.captured.get(path, call=call), hooks.outputs[path][0], compiler)
+    assert fmodel.captured.calls == (0, 1, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
+def test_clouseau_as_the_backend(compiler: str, tmp_path: object) -> None:
+    model = models.CNN().eval()
+    with clouseau.backend(select=PATHS, path=tmp_path, compiler=compiler) as backend:
+        compiled = torch.compile(model, backend=backend)
+        outputs = []
+        for x in _inputs():
+            with torch.no_grad():
+                outputs.append(compiled(x))
+    cap = clouseau.load(tmp_path)
+    assert cap.calls == (0, 1, 2) and set(cap.names()) == set(PATHS)
+    for call, x in enumerate(_inputs()):
+        expected, hooks = eager_with_hooks(model, x)
+        _close(outputs[call].numpy(), expected, compiler)
+        for path in PATHS:
+            _close(cap.get(path, call=call), hooks.outputs[path][0], compiler)
+
+
+def test_the_backend_with_graph_breaks_saves_each_region() -> None:
+    model = dm.IfMean()
+    backend = clouseau.backend(select=["a", "up", "down"], path=None, compiler="eager")
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(3, 6)
+    expected, hooks = eager_with_hooks(model, x)
+    with torch.no_grad():
+        np.testing.assert_array_equal(compiled(x).numpy(), expected.numpy())
+    cap = backend.captured
+    taken = "up" if "up" in hooks.outputs else "down"
+    # One call per compiled region run: the region before the branch, then the branch.
+    assert cap.calls == (0, 1)
+    np.testing.assert_array_equal(cap.get("a", call=0), hooks.outputs["a"][0].numpy())
+    np.testing.assert_array_equal(cap.get(taken, call=1), hooks.outputs[taken][0].numpy())
+    assert backend.traces == 2

@@ -1,0 +1,162 @@
+"""``fmodel.generate``: token-identical to ``model.generate``, one capture call per step.
+
+Each step's saved points equal forward hooks on the same step of the model's own
+``generate`` (greedy, sampling under a seed, a left-padded batch; GPT-2, Llama, T5).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import clouseau
+from tests.torch.conftest import assert_same
+
+pytestmark = pytest.mark.slow
+
+
+def _gpt2() -> Any:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2, n_head=2, n_embd=32, vocab_size=97, n_positions=128,
+        bos_token_id=0, eos_token_id=1, pad_token_id=1,
+    )  # fmt: skip
+    return GPT2LMHeadModel(config).eval(), ["transformer.h.0.mlp", "transformer.h.1.mlp"]
+
+
+def _llama() -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=97, max_position_embeddings=128,
+        bos_token_id=0, eos_token_id=1, pad_token_id=1,
+    )  # fmt: skip
+    return LlamaForCausalLM(config).eval(), ["model.layers.0.mlp", "model.layers.1.mlp"]
+
+
+def _t5() -> Any:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = T5Config(
+        vocab_size=97, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+        num_heads=4, decoder_start_token_id=0, eos_token_id=1, pad_token_id=1,
+    )  # fmt: skip
+    return T5ForConditionalGeneration(config).eval(), ["decoder.block.1", "lm_head"]
+
+
+def _hooked_generate(model: Any, paths: list[str], **kwargs: Any) -> tuple[Any, list[dict]]:
+    """``model.generate`` with the outputs of ``paths`` recorded per forward step."""
+    steps: list[dict[str, torch.Tensor]] = []
+    current: dict[str, torch.Tensor] = {}
+
+    def pre(module: Any, args: Any, kw: Any) -> None:
+        current.clear()
+
+    def post(path: str) -> Any:
+        def hook(module: Any, args: Any, out: Any) -> None:
+            value = out[0] if isinstance(out, tuple) else out
+            current[path] = value.detach().clone()
+
+        return hook
+
+    def done(module: Any, args: Any, kw: Any, out: Any) -> None:
+        steps.append(dict(current))
+
+    handles = [model.register_forward_pre_hook(pre, with_kwargs=True)]
+    handles += [model.get_submodule(p).register_forward_hook(post(p)) for p in paths]
+    handles.append(model.register_forward_hook(done, with_kwargs=True))
+    try:
+        out = model.generate(**kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    return out, steps
+
+
+def _check(
+    model: Any, paths: list[str], seed: int = 0, traces: int = 2, tolerance: float = 0.0,
+    **kwargs: Any,
+) -> clouseau.Capture:  # fmt: skip
+    torch.manual_seed(seed)
+    expected, steps = _hooked_generate(model, paths, **kwargs)
+    fmodel = clouseau.instrument(model, select=paths, path=None)
+    torch.manual_seed(seed)
+    tokens = fmodel.generate(**kwargs)
+    assert torch.equal(tokens, expected)
+    cap = fmodel.captured
+    assert cap.calls == tuple(range(len(steps)))  # one call per forward step, in order
+    for call, step in enumerate(steps):
+        for path in paths:
+            value = cap.get(path, call=call)
+            value = value if value.ndim == step[path].ndim else value[0]
+            if tolerance:
+                np.testing.assert_allclose(value, step[path].numpy(), rtol=tolerance, atol=1e-9)
+            else:
+                assert_same(value, step[path])
+    assert fmodel.traces <= traces  # the prefill and the decode steps, not one per step
+    return cap
+
+
+def _prompt(batch: int = 1, length: int = 5) -> torch.Tensor:
+    return torch.randint(2, 97, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("make", [_gpt2, _llama])
+def test_greedy_decoding_is_token_identical(make: Any) -> None:
+    model, paths = make()
+    _check(model, paths, input_ids=_prompt(), max_new_tokens=12, do_sample=False)
+
+
+@pytest.mark.parametrize("make", [_gpt2, _llama])
+def test_sampling_under_a_seed_is_token_identical(make: Any) -> None:
+    model, paths = make()
+    _check(model, paths, seed=3, input_ids=_prompt(), max_new_tokens=10, do_sample=True, top_k=20)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(
+            _gpt2,
+            marks=pytest.mark.xfail(
+                reason="GPT-2's exported decode step with a left-padded mask diverges from "
+                "eager after the first decode step (open: see docs/generation.md)",
+                strict=False,
+            ),
+        ),
+        _llama,
+    ],
+)
+def test_a_left_padded_batch(make: Any) -> None:
+    # Under export, Hugging Face builds the attention mask by another path than eager
+    # (no is_causal shortcut): values agree to float rounding, tokens exactly.
+    model, paths = make()
+    ids = _prompt(batch=3, length=6)
+    mask = torch.ones_like(ids)
+    ids[0, :2], mask[0, :2] = 1, 0  # left padding
+    ids[2, :4], mask[2, :4] = 1, 0
+    _check(
+        model, paths, tolerance=1e-4,
+        input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
+    )  # fmt: skip
+
+
+def test_t5_encoder_decoder_generation() -> None:
+    model, paths = _t5()
+    # The encoder runs once, before the first step, outside the capture; its cache
+    # (EncoderDecoderCache) is exported with static sizes: one trace per step (open).
+    _check(model, paths, traces=9, input_ids=_prompt(batch=2), max_new_tokens=8, do_sample=False)
+
+
+def test_generate_needs_a_generation_model() -> None:
+    fmodel = clouseau.instrument(torch.nn.Linear(2, 2), select="*", path=None)
+    with pytest.raises(AttributeError, match="has no generate"):
+        fmodel.generate(torch.ones(1, 2))
