@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from clouseau.capture import frontend_for
+from clouseau.distributed import adapt_to_engine, open_sink
 from clouseau.ir.actions import Action
 from clouseau.ir.graph import Graph
 from clouseau.ir.interventions import check_intervene
 from clouseau.ir.selection import SelectLike, check_select
-from clouseau.store import open_sink
 
 DEFAULT_PATH = ".clouseau"
 DEFAULT_PATTERN = "activations-{idx:03d}.safetensors"
@@ -86,9 +86,11 @@ def instrument(
     intervene = check_intervene(intervene)
     sink = open_sink(path, max_size_mb, filename_pattern)
     try:
-        return frontend.instrument(
+        fmodel = frontend.instrument(
             model, select=select, sink=sink, intervene=intervene, grads=grads
         )
+        adapt_to_engine(model, fmodel)
+        return fmodel
     except BaseException:
         sink.close()
         raise

@@ -37,7 +37,16 @@ def load(path: str | os.PathLike[str]) -> Capture:
         ``path`` does not exist, is not a capture, or holds a damaged file (the message
         names the file and what is wrong with it).
     """
+    if isinstance(path, str) and "://" in path:
+        from clouseau.distributed.remote import load_url  # fsspec only when asked for
+
+        return load_url(path)
     path = Path(path)
+    if path.is_dir():
+        from clouseau.distributed.parts import is_parted, load_parts
+
+        if is_parted(path):
+            return load_parts(path)
     if path.is_file():
         return _load_files(path.parent, (path,))
     if not path.is_dir():
