@@ -102,6 +102,13 @@ def draw(
     """Draw a graph, an instrumented model or a capture directory to .pdf/.svg/.png/.dot."""
     from clouseau.exporters.graphviz import draw as _draw
 
+    if isinstance(source, str | os.PathLike):
+        # Read by the store: bounded, links and FIFOs refused, the graph verified.
+        from pathlib import Path
+
+        from clouseau.store.reader import graph_of
+
+        source = graph_of(Path(source))
     return _draw(source, output, select=select, **options)
 
 

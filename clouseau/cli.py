@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from clouseau._cli_text import markup, printable
 from clouseau.ir.errors import ClouseauError
 
 EXIT_OK, EXIT_DIFFERS, EXIT_USAGE = 0, 1, 2
@@ -54,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args, console))
     except (ClouseauError, OSError, ValueError, KeyError, TypeError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
-        errors.print(f"[bold red]error:[/] {escape(str(message))}")
+        errors.print(f"[bold red]error:[/] {markup(message)}")
         return EXIT_USAGE
 
 
@@ -155,10 +156,9 @@ def _parser() -> argparse.ArgumentParser:
 
 # -- show -----------------------------------------------------------------------------------
 def _cmd_show(args: argparse.Namespace, console: Console) -> int:
-    from clouseau.store import load
     from clouseau.store.diff import array_stats
 
-    cap = load(args.path)
+    cap = _load(args.path)
     graph = cap.graph
     ops = {p.name: p.op for p in graph.points} if graph is not None else {}
     module_types = {m.path: m.type for m in graph.modules} if graph is not None else {}
@@ -169,24 +169,25 @@ def _cmd_show(args: argparse.Namespace, console: Console) -> int:
         )
     where = f", graph {graph.name or '?'} ({graph.frontend.value})" if graph is not None else ""
     console.print(
-        f"[bold]{escape(str(args.path))}[/]: {len(cap)} points, {len(cap.calls)} call(s){escape(where)}"
+        f"[bold]{markup(args.path)}[/]: {len(cap)} points, {len(cap.calls)} call(s){markup(where)}"
     )
-    for call, reason in sorted(cap.failed_calls.items()):
-        console.print(
-            f"[yellow]call {call} failed: {escape(reason)} (what it saved before is shown)[/]"
-        )
+    _print_state(cap, console)
+    # Records grouped by call in one pass: show stays linear in the number of calls.
+    by_call: dict[int, list[Any]] = {}
+    for record in cap.records:
+        by_call.setdefault(record.call, []).append(record)
     flagged: list[str] = []
     shown = 0
     for call in calls:
         root = (
             Tree(f"[bold]call {call}[/]")
             if len(calls) > 1
-            else Tree(f"[bold]{escape(Path(args.path).name)}[/]")
+            else Tree(f"[bold]{markup(Path(args.path).name)}[/]")
         )
         branches: dict[str, Tree] = {"": root}
         seen: set[tuple[str, ...]] = set()
-        for record in cap.records:
-            if record.call != call or record.names in seen:
+        for record in by_call.get(call, ()):
+            if record.names in seen:
                 continue
             seen.add(record.names)
             if args.select and not _selected(args.select, record.names, ops):
@@ -207,9 +208,39 @@ def _cmd_show(args: argparse.Namespace, console: Console) -> int:
         )
     if flagged:
         console.print(
-            f"[bold red]⚠ {len(flagged)} point(s) hold NaN or Inf; first: {escape(flagged[0])}[/]"
+            f"[bold red]⚠ {len(flagged)} point(s) hold NaN or Inf; first: {markup(flagged[0])}[/]"
         )
     return EXIT_OK
+
+
+def _load(path: str) -> Any:
+    """``load(path)``; damaged files are listed by the caller, not warned about."""
+    import warnings
+
+    from clouseau.store import DamagedCaptureWarning, load
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DamagedCaptureWarning)
+        return load(path)
+
+
+def _print_state(cap: Any, console: Console) -> None:
+    """What is wrong with a capture: not closed, damaged files, partial and failed calls."""
+    if not cap.closed:
+        made = "?" if cap.calls_made is None else cap.calls_made
+        whole = len(set(cap.calls) - set(cap.partial_calls))
+        console.print(
+            f"[bold yellow]⚠ capture not closed: {made} calls made, {whole} on disk[/] "
+            "[yellow](still being written, or the writer died: what is on disk loads)[/]"
+        )
+    for name, why in sorted(cap.damaged.items()):
+        console.print(f"[bold red]⚠ damaged file {markup(name)} (skipped): {markup(why)}[/]")
+    for call, reason in sorted(cap.partial_calls.items()):
+        console.print(f"[yellow]call {call} is partial: {markup(reason)}[/]")
+    for call, reason in sorted(cap.failed_calls.items()):
+        console.print(
+            f"[yellow]call {call} failed: {markup(reason)} (what it saved before is shown)[/]"
+        )
 
 
 def _selected(patterns: list[str], names: tuple[str, ...], ops: dict[str, str]) -> bool:
@@ -237,8 +268,8 @@ def _branch(branches: dict[str, Tree], name: str, module_types: dict[str, str]) 
             continue  # not a module: fold this component into the next level's label
         if prefix not in branches:
             kind = module_types.get(prefix)
-            label = f"[bold cyan]{escape(prefix)}[/]" + (
-                f" [dim]({escape(kind)})[/]" if kind else ""
+            label = f"[bold cyan]{markup(prefix)}[/]" + (
+                f" [dim]({markup(kind)})[/]" if kind else ""
             )
             branches[prefix] = branches[path].add(label)
         path = prefix
@@ -247,9 +278,9 @@ def _branch(branches: dict[str, Tree], name: str, module_types: dict[str, str]) 
 
 def _point_text(names: tuple[str, ...], parent: str, array: Any, stats: Any, full: bool) -> Text:
     name = names[0][len(parent) + 1 :] if parent else names[0]
-    text = Text(name, style="bold")
+    text = Text(printable(name), style="bold")
     if len(names) > 1:
-        text.append(f" (aka {', '.join(names[1:])})", style="dim")
+        text.append(f" (aka {printable(', '.join(names[1:]))})", style="dim")
     dtype = str(array.dtype)
     text.append(f"  {dtype}[{','.join(map(str, array.shape))}]", style="green")
     if full:
@@ -278,8 +309,12 @@ def _values(array: Any) -> str:
 def _cmd_diff(args: argparse.Namespace, console: Console) -> int:
     from clouseau.store.diff import DEFAULT_ATOL, DEFAULT_RTOL, Status, diff
 
+    sides = _load(args.a), _load(args.b)
+    for side in sides:
+        for name, why in sorted(side.damaged.items()):
+            console.print(f"[bold red]⚠ damaged file {markup(name)} (skipped): {markup(why)}[/]")
     result = diff(
-        args.a, args.b, key_map=[tuple(p) for p in args.key_map] or None,
+        *sides, key_map=[tuple(p) for p in args.key_map] or None,
         rtol=DEFAULT_RTOL if args.rtol is None else args.rtol,
         atol=DEFAULT_ATOL if args.atol is None else args.atol, strict=args.strict,
     )  # fmt: skip
@@ -290,7 +325,7 @@ def _cmd_diff(args: argparse.Namespace, console: Console) -> int:
         kept = tuple(r for r in rows if r.status is not Status.CLOSE)
         hidden = len(rows) - len(kept)
         rows = kept
-    table = Table(title=f"{escape(result.a)} vs {escape(result.b)}", title_justify="left")
+    table = Table(title=f"{markup(args.a)} vs {markup(args.b)}", title_justify="left")
     for column in (
         "#",
         *(("call",) if multi else ()),
@@ -321,7 +356,7 @@ def _cmd_diff(args: argparse.Namespace, console: Console) -> int:
         cells = (
             str(i),
             *((str(r.call),) if multi else ()),
-            escape(r.label),
+            markup(r.label),
             Text(r.status.value, style=style),
             shape,
             *numbers,
@@ -331,7 +366,7 @@ def _cmd_diff(args: argparse.Namespace, console: Console) -> int:
     if hidden:
         console.print(f"[dim]{hidden} close point(s) not listed; --all lists them[/]")
     style = "bold green" if result.ok else "bold red"
-    console.print(Text(result.summary(), style=style))
+    console.print(Text(printable(result.summary()), style=style))
     return EXIT_OK if result.ok else EXIT_DIFFERS
 
 
@@ -347,7 +382,7 @@ def _shape(shape: tuple[int, ...] | None) -> str:
 
 # -- draw -----------------------------------------------------------------------------------
 def _cmd_draw(args: argparse.Namespace, console: Console) -> int:
-    from clouseau.exporters.graphviz import draw
+    from clouseau.api import draw
 
     out = draw(
         args.path,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from clouseau.store.capture import AmbiguousPointError, Capture, Record
-from clouseau.store.reader import load
+from clouseau.store.reader import DamagedCaptureWarning, load
 from clouseau.store.writer import DEFAULT_PATTERN, DirectorySink, MemorySink
 
 
@@ -31,10 +31,10 @@ def open_sink(
     """
     if path is None:
         # Validate anyway: a typo must not pass silently until the day path is set.
-        from clouseau.store.writer import _check_pattern, _max_bytes
+        from clouseau.store.directory import check_pattern, max_bytes
 
-        _max_bytes(max_size_mb)
-        _check_pattern(filename_pattern)
+        max_bytes(max_size_mb)
+        check_pattern(filename_pattern)
         return MemorySink()
     return DirectorySink(path, max_size_mb=max_size_mb, filename_pattern=filename_pattern)
 
@@ -42,6 +42,7 @@ def open_sink(
 __all__ = [
     "AmbiguousPointError",
     "Capture",
+    "DamagedCaptureWarning",
     "DirectorySink",
     "MemorySink",
     "Record",

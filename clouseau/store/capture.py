@@ -123,6 +123,20 @@ class Capture(Mapping[str, np.ndarray]):
         The IR of every traced input signature, by graph id; ``graph`` is the first.
     failed_calls : Mapping of int to str
         The calls that raised, with the error; what they saved before is kept.
+    partial_calls : Mapping of int to str
+        The calls whose values are not all on disk, with why: the process stopped while
+        they were written (``kill -9``, a crash), or writing failed (a full disk). What
+        is on disk of them loads; it is not the whole call.
+    damaged : Mapping of str to str
+        The files of the directory that could not be read, by name, with why (truncated,
+        corrupt, a link, missing though written, a duplicate). ``load`` skips them, warns,
+        and loads the rest; ``load(path, strict=True)`` raises instead.
+    calls_made : int or None
+        How many calls the model made (from ``status.json``; None if it does not say).
+        Kept current within a few seconds while the capture is written.
+    closed : bool
+        Whether the capture was closed (``fmodel.close()``, the end of a ``with`` block,
+        or the end of the program); False while it is written, or after a crash.
     path : Path or None
         The capture directory, None for an in-memory capture.
     """
@@ -133,17 +147,36 @@ class Capture(Mapping[str, np.ndarray]):
         graphs: tuple[Graph, ...] = (),
         failed_calls: Mapping[int, str] | None = None,
         path: Path | None = None,
+        *,
+        partial_calls: Mapping[int, str] | None = None,
+        damaged: Mapping[str, str] | None = None,
+        calls_made: int | None = None,
+        closed: bool = True,
     ) -> None:
         self._entries = tuple(
             sorted(entries, key=lambda e: (e.record.call, e.record.order, e.record.index))
         )
         self.graphs = tuple(graphs)
         self.failed_calls: Mapping[int, str] = MappingProxyType(dict(failed_calls or {}))
+        self.partial_calls: Mapping[int, str] = MappingProxyType(dict(partial_calls or {}))
+        self.damaged: Mapping[str, str] = MappingProxyType(dict(damaged or {}))
+        self.calls_made = calls_made
+        self.closed = closed
         self.path = path
+        self._calls = tuple(sorted({e.record.call for e in self._entries}))
         self._by_name: dict[str, list[Entry]] = {}
+        # (name, call) -> entries: show and diff read every point of every call, and a
+        # scan of all calls per lookup would make them quadratic in calls.
+        self._by_name_call: dict[tuple[str, int], list[Entry]] = {}
         for entry in self._entries:
             for name in entry.record.names:
                 self._by_name.setdefault(name, []).append(entry)
+                self._by_name_call.setdefault((name, entry.record.call), []).append(entry)
+
+    @property
+    def complete(self) -> bool:
+        """Closed, no damaged file, and every call whole on disk (none partial or lost)."""
+        return self.closed and not self.damaged and not self.partial_calls
 
     @property
     def graph(self) -> Graph | None:
@@ -163,7 +196,7 @@ class Capture(Mapping[str, np.ndarray]):
     @property
     def calls(self) -> tuple[int, ...]:
         """The call indices that saved something, in order."""
-        return tuple(sorted({e.record.call for e in self._entries}))
+        return self._calls
 
     def names(self) -> tuple[str, ...]:
         """Every captured point name, in execution order (first call first)."""
@@ -209,11 +242,10 @@ class Capture(Mapping[str, np.ndarray]):
         -------
         numpy.ndarray or default
         """
-        entries = self._by_name.get(name, [])
         if call is None:
-            entries = self._single_call(name, entries)
+            entries = self._single_call(name, self._by_name.get(name, []))
         else:
-            entries = [e for e in entries if e.record.call == call]
+            entries = self._by_name_call.get((name, call), [])
         if index is not None:
             wanted = (index,) if isinstance(index, int) else tuple(index)
             entries = [e for e in entries if e.record.index == wanted]
@@ -225,7 +257,7 @@ class Capture(Mapping[str, np.ndarray]):
         """The arrays of ``name``, one per call that captured it, in call order."""
         entries = self._entries_for(name)
         calls = sorted({e.record.call for e in entries})
-        return [_stack([e for e in entries if e.record.call == c]) for c in calls]
+        return [_stack(self._by_name_call[name, c]) for c in calls]
 
     def _single_call(self, name: str, entries: list[Entry]) -> list[Entry]:
         calls = {e.record.call for e in entries}
@@ -256,7 +288,8 @@ class Capture(Mapping[str, np.ndarray]):
 
     def __repr__(self) -> str:
         where = f" at {self.path}" if self.path else ""
-        return f"<Capture{where}: {len(self)} points, {len(self.calls)} call(s)>"
+        state = " (damaged or incomplete)" if self.damaged or self.partial_calls else ""
+        return f"<Capture{where}: {len(self)} points, {len(self.calls)} call(s){state}>"
 
 
 def _stack(entries: list[Entry]) -> np.ndarray:

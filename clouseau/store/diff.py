@@ -159,28 +159,54 @@ class ArrayStats:
 
 
 def array_stats(array: np.ndarray) -> ArrayStats:
-    """Mean, std, min and max over the finite elements, and the NaN and Inf counts."""
-    x = _as_float(np.asarray(array))
-    if np.iscomplexobj(x):
-        x = np.abs(x)
-    nan_mask = np.isnan(x)
-    inf_mask = np.isinf(x)
-    finite = x[~(nan_mask | inf_mask)]
-    if finite.size == 0:
-        nan_value = float("nan")
-        return ArrayStats(
-            nan_value,
-            nan_value,
-            nan_value,
-            nan_value,
-            int(nan_mask.sum()),
-            int(inf_mask.sum()),
-            x.size,
-        )
-    return ArrayStats(
-        float(finite.mean()), float(finite.std()), float(finite.min()), float(finite.max()),
-        int(nan_mask.sum()), int(inf_mask.sum()), int(x.size),
-    )  # fmt: skip
+    """Mean, std, min and max over the finite elements, and the NaN and Inf counts.
+
+    Computed over chunks of the flattened array, so that memory beyond the array itself
+    stays bounded (a float64 copy and masks of a 256 MiB array would take gigabytes).
+    """
+    flat = np.asarray(array).reshape(-1)
+    acc = _Moments()
+    for start in range(0, flat.size, _CHUNK):
+        acc.add(flat[start : start + _CHUNK])
+    return acc.stats(int(flat.size))
+
+
+_CHUNK = 2**18  # elements per chunk of array_stats: 2 MiB as float64
+
+
+class _Moments:
+    """Running count, mean, M2 (Chan et al.), min, max, NaN and Inf counts."""
+
+    def __init__(self) -> None:
+        self.n, self.mean, self.m2 = 0, 0.0, 0.0
+        self.min, self.max = math.inf, -math.inf
+        self.nan = self.inf = 0
+
+    def add(self, chunk: np.ndarray) -> None:
+        x = _as_float(chunk)
+        if np.iscomplexobj(x):
+            x = np.abs(x)
+        nan_mask, inf_mask = np.isnan(x), np.isinf(x)
+        self.nan += int(nan_mask.sum())
+        self.inf += int(inf_mask.sum())
+        finite = x[~(nan_mask | inf_mask)]
+        if not finite.size:
+            return
+        n, mean = finite.size, float(finite.mean())
+        m2 = float(((finite - mean) ** 2).sum())
+        total = self.n + n
+        delta = mean - self.mean
+        self.m2 += m2 + delta * delta * self.n * n / total
+        self.mean += delta * n / total
+        self.n = total
+        self.min, self.max = min(self.min, float(finite.min())), max(self.max, float(finite.max()))
+
+    def stats(self, size: int) -> ArrayStats:
+        if not self.n:
+            nan = float("nan")
+            return ArrayStats(nan, nan, nan, nan, self.nan, self.inf, size)
+        std = math.sqrt(max(self.m2 / self.n, 0.0))
+        return ArrayStats(self.mean, std, self.min, self.max, self.nan, self.inf, size)
 
 
 def diff(

@@ -1,41 +1,64 @@
-"""``clouseau.load``: read a capture directory (or one of its files) into a Capture."""
+"""``clouseau.load``: read a capture directory (or one of its files) into a Capture.
+
+A directory may be damaged (a truncated file, a file lost, a crash mid-write) or hold
+files planted by someone else (links, FIFOs, huge JSON). Loading reads what is whole, opens
+only regular files and never follows a link, and reports the rest in ``cap.damaged`` (a
+warning; ``strict=True`` raises instead). Calls whose values are not all on disk are in
+``cap.partial_calls``.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import warnings
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from clouseau.ir.errors import CaptureError, ClouseauError
 from clouseau.ir.graph import Graph
+from clouseau.ir.verify import verify
 from clouseau.store.capture import Capture, Entry, Record
+from clouseau.store.directory import FORMAT, GRAPH_PATTERN, STATUS_FILE, graph_id, read_status
+from clouseau.store.files import read_json
+from clouseau.store.graphcheck import check_types
 from clouseau.store.safetensors_io import TensorEntry, read_array, read_header
-from clouseau.store.writer import FORMAT, GRAPH_PATTERN, STATUS_FILE
 
 # What parsing damaged JSON into the IR may raise; each becomes a CaptureError.
 _PARSE_ERRORS = (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError)
+_CALLS = re.compile(r"\[(\d+(?:,\d+)*)?\]")
 
 
-def load(path: str | os.PathLike[str]) -> Capture:
+class DamagedCaptureWarning(UserWarning):
+    """``clouseau.load`` skipped damaged files of a capture (listed in ``cap.damaged``)."""
+
+
+def load(path: str | os.PathLike[str], *, strict: bool = False) -> Capture:
     """Load a capture written by an instrumented model.
 
     Parameters
     ----------
     path
         A capture directory, or a single ``.safetensors`` file of one.
+    strict
+        Raise if any file of the directory is damaged or missing. By default the whole
+        files load, the others are listed in ``cap.damaged`` and a
+        :class:`DamagedCaptureWarning` says so.
 
     Returns
     -------
     Capture
         A Mapping of point name -> numpy array (arrays are read lazily, on access), with
-        ``calls``, ``graph``, ``graphs`` and ``failed_calls``.
+        ``calls``, ``graph``, ``graphs``, ``failed_calls``, ``partial_calls``, ``damaged``,
+        ``closed`` and ``complete``.
 
     Raises
     ------
     CaptureError
-        ``path`` does not exist, is not a capture, or holds a damaged file (the message
-        names the file and what is wrong with it).
+        ``path`` does not exist or is not a capture; with ``strict``, a damaged file (the
+        message names each file and what is wrong with it).
     """
     if isinstance(path, str) and "://" in path:
         from clouseau.distributed.remote import load_url  # fsspec only when asked for
@@ -48,26 +71,30 @@ def load(path: str | os.PathLike[str]) -> Capture:
         if is_parted(path):
             return load_parts(path)
     if path.is_file():
-        return _load_files(path.parent, (path,))
+        return _load_file(path)
     if not path.is_dir():
         raise CaptureError(
             f"{path} does not exist; pass the directory given to clouseau.instrument(path=...)"
         )
-    # Regular files only: opening a FIFO named *.safetensors would block forever.
-    # Hidden files are the temporary files of a writer (never complete ones).
-    files = sorted(
-        f for f in path.glob("*.safetensors") if f.is_file() and not f.name.startswith(".")
-    )
-    headers = [(f, *read_header(f)) for f in files]
-    ours = tuple((f, m, t) for f, m, t in headers if m.get("format") == FORMAT)
-    if not ours and not (path / STATUS_FILE).is_file():
+    scan = _Scan(path)
+    scan.run()
+    if not (scan.files or scan.status is not None or scan.graphs or scan.damaged):
         raise CaptureError(
             f"{path} is not a clouseau capture: it has no .safetensors files written by "
-            f"clouseau ({len(files)} other .safetensors file(s)) and no {STATUS_FILE}. Point "
+            f"clouseau ({scan.foreign} other .safetensors file(s)) and no {STATUS_FILE}. Point "
             "load() at the directory given to clouseau.instrument(path=...)."
         )
-    entries = [entry for file, meta, tensors in ours for entry in _entries(file, meta, tensors)]
-    return Capture(tuple(entries), _graphs(path), _failed_calls(path), path)
+    if scan.damaged:
+        listing = "; ".join(f"{name}: {why}" for name, why in sorted(scan.damaged.items()))
+        if strict:
+            raise CaptureError(f"{path} holds damaged files: {listing}")
+        warnings.warn(
+            f"{path}: skipped {len(scan.damaged)} damaged file(s) (cap.damaged lists them; "
+            f"load(..., strict=True) raises instead): {listing}",
+            DamagedCaptureWarning,
+            stacklevel=2,
+        )
+    return scan.capture()
 
 
 def is_capture_file(file: Path, *, strict: bool = False) -> bool:
@@ -84,17 +111,174 @@ def is_capture_file(file: Path, *, strict: bool = False) -> bool:
     return metadata.get("format") == FORMAT
 
 
-def _load_files(directory: Path, files: tuple[Path, ...]) -> Capture:
-    entries: list[Entry] = []
-    for file in files:
-        metadata, tensors = read_header(file)
+@dataclass(frozen=True)
+class _File:
+    """One readable clouseau file: its entries and the calls it leaves open or closes."""
+
+    name: str
+    entries: tuple[Entry, ...]
+    open: frozenset[int]
+    done: frozenset[int]
+
+
+class _Scan:
+    """Everything found in a capture directory, and what is wrong with it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.files: list[_File] = []
+        self.damaged: dict[str, str] = {}
+        self.graphs: dict[int, Graph] = {}
+        self.status: dict[str, object] | None = None
+        self.foreign = 0
+        self.graph_tuple: tuple[Graph, ...] = ()
+
+    def run(self) -> None:
+        names = sorted(os.listdir(self.path))
+        try:
+            self.status = read_status(self.path)
+        except CaptureError as err:
+            self.damaged[STATUS_FILE] = str(err)
+        for name in names:
+            if name.startswith("."):  # a writer's temporary files, never complete ones
+                continue
+            if name.endswith(".safetensors"):
+                self._read_file(name)
+            elif (graph := graph_id(name)) is not None:
+                self._read_graph(name, graph)
+        listed = self.status.get("files", []) if self.status else []
+        for name in listed if isinstance(listed, list) else ():
+            if isinstance(name, str) and name not in names:
+                self.damaged[name] = "missing: status.json lists it as written"
+        self._drop_duplicates()
+        self.graph_tuple = self._graph_tuple()
+
+    def _read_file(self, name: str) -> None:
+        file = self.path / name
+        try:
+            metadata, tensors = read_header(file)
+        except CaptureError as err:
+            self.damaged[name] = str(err)
+            return
         if metadata.get("format") != FORMAT:
-            raise CaptureError(
-                f"{file} was not written by clouseau (no clouseau metadata); "
-                "read it with safetensors"
-            )
-        entries.extend(_entries(file, metadata, tensors))
-    return Capture(tuple(entries), _graphs(directory), _failed_calls(directory), directory)
+            self.foreign += 1
+            return
+        try:
+            entries = _entries(file, metadata, tensors)
+            marks = _calls(metadata.get("open")), _calls(metadata.get("done"))
+        except CaptureError as err:
+            self.damaged[name] = str(err)
+            return
+        self.files.append(_File(name, tuple(entries), *marks))
+
+    def _read_graph(self, name: str, graph_id: int) -> None:
+        try:
+            self.graphs[graph_id] = read_graph(self.path / name)
+        except CaptureError as err:
+            self.damaged[name] = str(err)
+
+    def _drop_duplicates(self) -> None:
+        seen: dict[str, str] = {}
+        kept = []
+        for file in self.files:
+            keys = [e.record.key for e in file.entries]
+            twice = next((k for k in keys if k in seen), None)
+            if twice is not None:
+                self.damaged[file.name] = (
+                    f"a duplicate: it holds {twice!r}, which {seen[twice]} holds already"
+                )
+                continue
+            seen.update(dict.fromkeys(keys, file.name))
+            kept.append(file)
+        self.files = kept
+
+    def capture(self) -> Capture:
+        status = self.status or {}
+        entries = tuple(e for f in self.files for e in f.entries)
+        failed = _int_keyed(status.get("failed_calls"))
+        partial = _partial_calls(self.files, status, failed)
+        calls = status.get("calls")
+        if type(calls) is int and entries:
+            # The status lags the files by up to flush_s: a call on disk was made.
+            calls = max(calls, max(e.record.call for e in entries) + 1)
+        return Capture(
+            entries,
+            self.graph_tuple,
+            failed,
+            self.path,
+            partial_calls=partial,
+            damaged=self.damaged,
+            calls_made=calls if type(calls) is int else None,
+            closed=status.get("closed") is True,
+        )
+
+    def _graph_tuple(self) -> tuple[Graph, ...]:
+        # Graph ids from 0 up: a gap (a graph lost) ends the tuple, and is reported.
+        out = []
+        for number in range(len(self.graphs)):
+            if number not in self.graphs:
+                name = GRAPH_PATTERN.format(number)
+                self.damaged.setdefault(name, "missing: later graphs exist")
+                break
+            out.append(self.graphs[number])
+        return tuple(out)
+
+
+def _partial_calls(
+    files: list[_File], status: dict[str, object], failed: dict[int, str]
+) -> dict[int, str]:
+    """The calls not whole on disk: cut by a file and never marked done, or lost."""
+    ended = set(_as_ints(status.get("done")))
+    seen: set[int] = set()
+    for file in files:
+        ended |= file.done
+        calls = {e.record.call for e in file.entries}
+        seen |= calls
+        ended |= calls - file.open
+    partial = {
+        call: "incomplete: the process stopped before all its values were written"
+        for call in sorted(seen - ended - set(failed))
+    }
+    partial.update(_int_keyed(status.get("lost_calls")))
+    return partial
+
+
+def _calls(text: object) -> frozenset[int]:
+    if text is None:
+        return frozenset()
+    if not isinstance(text, str) or not _CALLS.fullmatch(text):
+        raise CaptureError(f"the clouseau metadata is damaged (call list {text!r:.60})")
+    return frozenset(int(c) for c in text[1:-1].split(",") if c)
+
+
+def _as_ints(value: object) -> list[int]:
+    return [v for v in value if type(v) is int] if isinstance(value, list) else []
+
+
+def _int_keyed(value: object) -> dict[int, str]:
+    if not isinstance(value, dict):
+        return {}
+    return {int(k): str(v) for k, v in value.items() if isinstance(k, str) and k.isdigit()}
+
+
+def _load_file(file: Path) -> Capture:
+    metadata, tensors = read_header(file)
+    if metadata.get("format") != FORMAT:
+        raise CaptureError(
+            f"{file} was not written by clouseau (no clouseau metadata); read it with safetensors"
+        )
+    directory = file.parent
+    scan = _Scan(directory)
+    entries = _entries(file, metadata, tensors)
+    for name in sorted(os.listdir(directory)):
+        if (graph := graph_id(name)) is not None:
+            scan._read_graph(name, graph)
+    try:
+        status = read_status(directory) or {}
+    except CaptureError:
+        status = {}
+    failed = _int_keyed(status.get("failed_calls"))
+    return Capture(tuple(entries), scan._graph_tuple(), failed, directory)
 
 
 def _entries(file: Path, metadata: dict[str, str], tensors: tuple[TensorEntry, ...]) -> list[Entry]:
@@ -122,28 +306,33 @@ def _records(file: Path, metadata: dict[str, str]) -> list[Record]:
         ) from None
 
 
-def _graphs(directory: Path) -> tuple[Graph, ...]:
-    graphs = []
-    index = 0
-    while (file := directory / GRAPH_PATTERN.format(index)).is_file():
-        try:
-            graphs.append(Graph.from_json(json.loads(file.read_text())))
-        except OSError as err:
-            raise CaptureError(f"cannot read {file}: {err.strerror or err}") from None
-        except _PARSE_ERRORS as err:
-            raise CaptureError(f"{file} is damaged ({type(err).__name__}: {err})") from None
-        index += 1
-    return tuple(graphs)
+def graph_of(path: Path) -> Graph:
+    """The graph to draw for a capture directory (its first graph) or a graph JSON file."""
+    if path.is_dir():
+        file = path / GRAPH_PATTERN.format(0)
+        if not os.path.lexists(file):
+            raise CaptureError(
+                f"{path} holds no {file.name}: it is not a clouseau capture directory (or the "
+                "model was never called). Pass the directory given to clouseau.instrument(path=...)"
+            )
+        return read_graph(file)
+    if path.suffix == ".json" and path.exists():
+        return read_graph(path.resolve())  # a link the user names is theirs to follow
+    raise CaptureError(
+        f"{path} does not exist; pass a capture directory, a Graph or an instrumented model"
+    )
 
 
-def _failed_calls(directory: Path) -> dict[int, str]:
-    file = directory / STATUS_FILE
-    if not file.is_file():
-        return {}
+def read_graph(file: Path) -> Graph:
+    """The IR stored in ``file``, checked by the verifier; one CaptureError if damaged."""
+    data = read_json(file)
     try:
-        status = json.loads(file.read_text())
-        return {int(k): str(v) for k, v in status.get("failed_calls", {}).items()}
-    except OSError as err:
-        raise CaptureError(f"cannot read {file}: {err.strerror or err}") from None
+        if not isinstance(data, dict):
+            raise TypeError("not a JSON object")
+        graph = Graph.from_json(data)
+        check_types(graph)
+        return verify(graph)
+    except ClouseauError as err:
+        raise CaptureError(f"{file} is damaged ({err})") from None
     except _PARSE_ERRORS as err:
         raise CaptureError(f"{file} is damaged ({type(err).__name__}: {err})") from None

@@ -24,8 +24,9 @@ import ml_dtypes
 import numpy as np
 
 from clouseau.ir.errors import CaptureError
+from clouseau.store.files import open_regular, rename_new, temp_file
 
-_TO_NUMPY: dict[str, np.dtype] = {
+TO_NUMPY: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
     "U8": np.dtype(np.uint8),
     "I8": np.dtype(np.int8),
@@ -43,7 +44,7 @@ _TO_NUMPY: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
     "C64": np.dtype(np.complex64),
 }
-_FROM_NUMPY = {v: k for k, v in _TO_NUMPY.items()}
+_FROM_NUMPY = {v: k for k, v in TO_NUMPY.items()}
 _MAX_HEADER = 100 * 2**20  # the safetensors package's own limit
 _MAX_NDIM = 32  # numpy 1.x's limit; no activation comes near it
 # What the JSON header of a tensor costs beyond its key, dtype code, shape and offsets.
@@ -101,14 +102,18 @@ def header_overhead(metadata: dict[str, str]) -> int:
 
 
 def write_file(
-    path: Path, arrays: Sequence[tuple[str, np.ndarray]], metadata: dict[str, str]
+    path: Path,
+    arrays: Sequence[tuple[str, np.ndarray]],
+    metadata: dict[str, str],
+    exclusive: bool = False,
 ) -> int:
     """Write ``arrays`` to ``path`` atomically; return the bytes written.
 
-    The file is written under a hidden temporary name (``.<name>.<pid>.tmp``) and renamed
-    when complete, so ``path`` never holds a partial file: on any error, KeyboardInterrupt
-    included, the temporary file is removed and the error propagates (an OSError becomes
-    a CaptureError naming the file and the fix).
+    The file is created exclusively under an unpredictable hidden name
+    (``.<name>.<random>.tmp``, never through a link) and renamed when complete, so ``path``
+    never holds a partial file: on any error, KeyboardInterrupt included, the temporary
+    file is removed and the error propagates (an OSError becomes a CaptureError naming
+    the file and the fix). With ``exclusive``, an existing ``path`` is never replaced.
     """
     header: dict[str, object] = {"__metadata__": metadata}
     offset = 0
@@ -124,15 +129,26 @@ def write_file(
         contiguous.append(array)
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # align the data section, as the safetensors package does
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp: Path | None = None
     try:
-        with open(tmp, "wb") as f:
+        fd, tmp = temp_file(path.parent, path.name)
+        with os.fdopen(fd, "wb") as f:
             # uint8 views of the arrays' own memory: written without a copy.
             views = [memoryview(a.reshape(-1).view(np.uint8)) for a in contiguous if a.nbytes]
             _write_all(f, [struct.pack("<Q", len(raw)) + raw, *views])
-        os.replace(tmp, path)
+        if exclusive:
+            rename_new(tmp, path)
+        else:
+            os.replace(tmp, path)
     except BaseException as err:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        if isinstance(err, FileExistsError):
+            raise CaptureError(
+                f"cannot write {path}: a file of that name is already there, which clouseau "
+                "did not write (it is never overwritten); move it, or pick another path "
+                "or filename_pattern"
+            ) from None
         if isinstance(err, OSError) and not isinstance(err, CaptureError):
             raise CaptureError(_write_error(path, err)) from err
         raise
@@ -201,17 +217,23 @@ def read_header(path: Path) -> tuple[dict[str, str], tuple[TensorEntry, ...]]:
     edited file raises :class:`CaptureError` here rather than anything later.
     """
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
                 raise _bad(path, f"the file is {size} bytes long, too short for a header")
             (length,) = struct.unpack("<Q", head)
-            if length > min(_MAX_HEADER, size - 8):
+            if length > _MAX_HEADER:
                 raise _bad(
                     path,
-                    f"the header claims {length} bytes but the file has {size - 8} after "
-                    "it (truncated, or not safetensors)",
+                    f"the header claims {length} bytes, over the {_MAX_HEADER // 2**20} MiB "
+                    "a safetensors header may have (damaged, or not safetensors)",
+                )
+            if length > size - 8:
+                raise _bad(
+                    path,
+                    f"the header claims {length} bytes but only {max(size - 8, 0)} follow "
+                    "the 8-byte length (truncated, or not safetensors)",
                 )
             raw = f.read(length)
     except OSError as err:
@@ -254,7 +276,7 @@ def _entry(path: Path, key: str, value: object, data_start: int) -> TensorEntry:
     if not isinstance(value, dict):
         raise _bad(path, f"entry {key!r} is not an object")
     code, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
-    dtype = _TO_NUMPY.get(code) if isinstance(code, str) else None
+    dtype = TO_NUMPY.get(code) if isinstance(code, str) else None
     if dtype is None:
         raise _bad(path, f"entry {key!r} has an unknown dtype {_short(code)}")
     if not (
@@ -299,10 +321,10 @@ def _read_into(path: Path, view: memoryview, offset: int) -> int:
     # os.preadv fills the array in place and skips the buffered file object, which costs
     # more than the read itself for small arrays; readinto is the portable fallback.
     if not hasattr(os, "preadv"):
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:
             f.seek(offset)
             return f.readinto(view) or 0
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_regular(path)
     try:
         got = 0
         while got < len(view):  # a read may return less than asked (large arrays)

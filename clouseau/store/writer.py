@@ -1,30 +1,29 @@
-"""Sinks: where an instrumented model's saved values go (a directory, or memory).
+"""The directory sink: rolling safetensors files written by a thread of their own.
 
 :class:`DirectorySink` buffers arrays until the next one would push the file past
-``max_size_mb`` (header included), then hands the full file to a writer thread so disk I/O
-overlaps the next forward pass. At most one file is being written while the next one
-fills, so memory stays under about twice ``max_size_mb``; ``put`` blocks only when a full
-file waits for the one before it. ``flush`` writes the last, partly filled file in the
-calling thread, which waits for it anyway. Each file is written under a temporary name and
-renamed when complete; an array is never split. The IR of each traced signature is written as
-``graph-NNN.json`` and the state of the calls (which failed, and why) as ``status.json``,
-both atomically.
+``max_size_mb`` (header included), or until the buffer is ``flush_s`` seconds old, then
+hands the file to a writer thread so disk I/O overlaps the next forward pass. At most one
+file is being written while the next one fills, so memory stays under about twice
+``max_size_mb``; ``put`` blocks only when a full file waits for the one before it.
+``flush`` writes the last, partly filled file in the calling thread, which waits for it
+anyway. Each file is created exclusively under an unpredictable temporary name and renamed
+into place without replacing anything; an array is never split.
+
+What a crash can lose is bounded: the calls of the last ``flush_s`` seconds (and those of
+the file being written). Each file lists the calls that continue after it (``open``) and
+those of earlier files that ended since (``done``), so a reader knows which calls are
+whole; ``status.json`` (calls made, files written, calls failed or lost, closed or not) is
+rewritten at most every ``flush_s`` seconds and at close.
 """
 
 from __future__ import annotations
 
-import atexit
-import json
-import math
-import numbers
 import os
-import re
-import sys
 import threading
+import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
 
@@ -33,123 +32,40 @@ import numpy as np
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
 from clouseau.ir.sink import SavedValue
-from clouseau.store.capture import Capture, Entry, Record, encode_record, tensor_key
-from clouseau.store.safetensors_io import (
-    dtype_code,
-    entry_cost,
-    header_overhead,
-    storable,
-    write_file,
+from clouseau.store.capture import Capture, Record, encode_record
+from clouseau.store.directory import (
+    DEFAULT_PATTERN,
+    FORMAT,
+    GRAPH_PATTERN,
+    STATUS_FILE,
+    capture_path,
+    check_clashes,
+    check_pattern,
+    file_name,
+    max_bytes,
+    read_status,
+    remove_previous,
 )
+from clouseau.store.files import temp_file, write_json
+from clouseau.store.lock import DirectoryLock
+from clouseau.store.memory import Calls, MemorySink, check_saved_dtypes, describe
+from clouseau.store.safetensors_io import entry_cost, header_overhead, write_file
 
-STATUS_FILE = "status.json"
-GRAPH_PATTERN = "graph-{:03d}.json"
-FORMAT = "clouseau.capture/1"
-DEFAULT_PATTERN = "activations-{idx:03d}.safetensors"
-# Temporary files of write_file and _write_json, and the writability probe: clouseau's own.
-_TEMP = re.compile(
-    r"\.(?:.+\.safetensors|status\.json|graph-\d+\.json)\.\d+\.tmp|\.clouseau-probe-\d+"
-)
+__all__ = ["DEFAULT_PATTERN", "FLUSH_S", "FORMAT", "GRAPH_PATTERN", "STATUS_FILE"]
+__all__ += ["DirectorySink", "MemorySink"]
 
-
-class _Calls:
-    """Call numbering and per-call order, shared by both sinks. Callers hold the lock."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.graphs: list[Graph] = []
-        self.next_call = 0
-        self.order: dict[int, int] = {}
-        self.failed: dict[int, str] = {}
-        self.closed = False
-
-    def begin(self) -> int:
-        self.check_open()
-        call, self.next_call = self.next_call, self.next_call + 1
-        self.order[call] = 0
-        return call
-
-    def records(
-        self, call: int, graph_id: int, values: Sequence[SavedValue]
-    ) -> list[tuple[Record, np.ndarray]]:
-        self.check_open()
-        arrays = [np.asarray(value.array) for value in values]
-        for array in arrays:
-            dtype_code(array.dtype)  # reject unstorable dtypes before anything is numbered
-        out = []
-        for value, array in zip(values, arrays, strict=True):
-            order = self.order.get(call, 0)
-            self.order[call] = order + 1
-            names, index = tuple(value.names), tuple(int(i) for i in value.index)
-            key = tensor_key(names[0], call, index)
-            record = Record(key, names, value.node, call, order, graph_id, index)
-            out.append((record, array))
-        return out
-
-    def check_open(self) -> None:
-        if self.closed:
-            raise CaptureError(
-                "this capture is closed: create a new instrumented model to capture again"
-            )
-
-
-class MemorySink:
-    """Keeps everything in memory (``instrument(..., path=None)``).
-
-    Arrays are stored as the files would hold them (little-endian, C-contiguous) and handed
-    out read-only, so that reading a capture never changes it.
-    """
-
-    def __init__(self) -> None:
-        self._calls = _Calls()
-        self._items: list[tuple[Record, np.ndarray]] = []
-
-    def add_graph(self, graph: Graph) -> int:
-        with self._calls.lock:
-            self._calls.graphs.append(graph)
-            return len(self._calls.graphs) - 1
-
-    def begin_call(self) -> int:
-        with self._calls.lock:
-            return self._calls.begin()
-
-    def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
-        with self._calls.lock:
-            for record, array in self._calls.records(call, graph_id, values):
-                view = storable(array).view()
-                view.flags.writeable = False
-                self._items.append((record, view))
-
-    def end_call(self, call: int) -> None:
-        pass
-
-    def fail_call(self, call: int, error: BaseException) -> None:
-        with self._calls.lock:
-            self._calls.failed[call] = _describe(error)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        with self._calls.lock:
-            self._calls.closed = True
-
-    def capture(self) -> Capture:
-        with self._calls.lock:
-            entries = tuple(Entry(r, _loader(a)) for r, a in self._items)
-            return Capture(entries, tuple(self._calls.graphs), self._calls.failed)
-
-
-def _loader(array: np.ndarray) -> Callable[[], np.ndarray]:
-    return lambda: array
+FLUSH_S = 2.0  # the default bound, in seconds, on what a crash can lose
 
 
 @dataclass(frozen=True)
 class _Job:
-    """One file to write: its final path and its arrays with their records."""
+    """One file to write: its final path, its arrays with their records, and its calls."""
 
     path: Path
     items: tuple[_Item, ...]
+    open: tuple[int, ...]  # calls with values in this file that had not ended when cut
+    done: tuple[int, ...]  # calls open in an earlier file that have ended since
+    calls: frozenset[int]
 
 
 # A buffered array: its record, the array, and the record already encoded as JSON.
@@ -162,21 +78,26 @@ class DirectorySink:
     Parameters
     ----------
     path
-        The capture directory; created if missing. An earlier capture in it (clouseau's
-        own files only: its safetensors files, ``graph-*.json``, ``status.json`` and
-        temporary files) is removed.
+        The capture directory; created if missing, locked while written (a second writer
+        is refused, naming the first). An earlier capture in it is removed once the new
+        one has traced (only files clouseau wrote, recognised by their content); a file
+        of someone else under a name the capture would write is refused.
     max_size_mb
         Files roll over before the next array would make them larger than this; an array
         larger than the limit gets a file of its own. ``math.inf`` never rolls.
     filename_pattern
         The file names, with an ``{idx}`` field numbering the rolled files.
+    flush_s
+        A file is written once its first array is this many seconds old, so that a crash
+        (``kill -9``) loses at most the calls of the last ``flush_s`` seconds.
 
     Raises
     ------
     TypeError, ValueError
         A bad ``max_size_mb`` or ``filename_pattern`` (the message says what is expected).
     CaptureError
-        ``path`` is a file or cannot be written.
+        ``path`` is a file, cannot be written, holds someone else's file in the way, or
+        is being written by another instrumented model.
     """
 
     def __init__(
@@ -184,49 +105,136 @@ class DirectorySink:
         path: str | os.PathLike[str],
         max_size_mb: float = 1024,
         filename_pattern: str = DEFAULT_PATTERN,
+        flush_s: float = FLUSH_S,
     ) -> None:
-        self.max_bytes = _max_bytes(max_size_mb)
-        _check_pattern(filename_pattern)
-        # Absolute: the writer thread must not follow a later os.chdir of the program.
-        self.path = Path(path).absolute()
+        self.max_bytes = max_bytes(max_size_mb)
+        names = check_pattern(filename_pattern) or frozenset()
+        if not (isinstance(flush_s, int | float) and flush_s > 0):
+            raise ValueError(f"flush_s must be a positive number of seconds; got {flush_s!r}")
+        self.path = capture_path(path)
         self.filename_pattern = filename_pattern
-        _prepare_directory(self.path)
-        self._calls = _Calls()
-        self._overhead = header_overhead({"format": FORMAT, "clouseau": "[]"})
+        self._core = _Core(self.path, self.max_bytes, filename_pattern, float(flush_s), names)
+        # Dropped without close(): the files are completed and the thread stops. The
+        # finalizer holds the core, never this object, so that it can be collected.
+        self._finalizer = weakref.finalize(self, self._core.close_quietly)
+
+    def add_graph(self, graph: Graph) -> int:
+        return self._core.add_graph(graph)
+
+    def begin_call(self) -> int:
+        return self._core.begin_call()
+
+    def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
+        self._core.put(call, graph_id, values)
+
+    def end_call(self, call: int) -> None:
+        self._core.end_call(call)
+
+    def fail_call(self, call: int, error: BaseException) -> None:
+        self._core.fail_call(call, error)
+
+    def flush(self) -> None:
+        self._core.flush()
+
+    def close(self) -> None:
+        self._core.close()
+
+    def capture(self) -> Capture:
+        self._core.flush()
+        from clouseau.store.reader import load
+
+        return load(self.path)
+
+
+class _Core:
+    """The state of a directory sink, shared with its writer thread (which must not hold
+    the :class:`DirectorySink`, or a dropped model would never be collected)."""
+
+    def __init__(
+        self, path: Path, limit: int, pattern: str, flush_s: float, names: frozenset[str]
+    ) -> None:
+        self.path, self.max_bytes, self.pattern, self.flush_s = path, limit, pattern, flush_s
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            self._dirlock = DirectoryLock(path)
+        except CaptureError:
+            raise
+        except OSError as err:
+            raise CaptureError(
+                f"cannot write to the capture path {path}: {err.strerror or err}; "
+                "pass a writable directory"
+            ) from None
+        try:
+            check_clashes(path, names)
+            _probe(path)
+        except BaseException:
+            self._dirlock.release()
+            raise
+        self._calls = Calls()
+        self._started = self._forked = False
+        self._overhead = header_overhead(_metadata("[]", (), ()))
         self._buffer: list[_Item] = []
         self._buffer_bytes = self._overhead
         self._buffer_keys: set[str] = set()
+        self._buffer_calls: set[int] = set()
+        self._buffer_since = 0.0
         self._file_index = 0
+        self._names: dict[str, int] = {}  # file name -> index, to catch a pattern's repeats
+        self._written: list[str] = []  # files renamed into place (the writer thread appends)
+        self._active: set[int] = set()  # calls begun and not ended
+        self._open_on_disk: set[int] = set()  # calls cut by a file and not ended since
+        self._done_pending: set[int] = set()
+        self._done: set[int] = set()
+        self._lost: dict[int, str] = {}
+        self._status_at = 0.0
+        self._status_lock = threading.Lock()
         self._error: BaseException | None = None
-        # The writer thread takes one job at a time; the condition hands it over.
+        self._unwritten: set[int] = set()  # the calls of files that failed to be written
         self._cv = threading.Condition()
         self._job: _Job | None = None
         self._stopping = False
-        self._write_status()
         self._thread = threading.Thread(
-            target=self._write_loop, name=f"clouseau-writer:{self.path}", daemon=True
+            target=self._write_loop, name=f"clouseau-writer:{path}", daemon=True
         )
         self._thread.start()
-        # A weak reference, so that registering at exit does not keep the sink alive.
-        self._atexit = partial(_close_at_exit, weakref.ref(self))
-        atexit.register(self._atexit)
+        _LIVE.add(self)
 
     # -- the Sink protocol -------------------------------------------------------------
     def add_graph(self, graph: Graph) -> int:
+        check_saved_dtypes(graph)
         with self._calls.lock:
-            self._calls.check_open()
+            self._check()
+            self._start()
+            graph_id = len(self._calls.graphs)
+            # The file first: a graph id is handed out only once its file is written.
+            file = self.path / GRAPH_PATTERN.format(graph_id)
+            try:
+                write_json(file, graph.to_json(), replace=False)
+            except FileExistsError:
+                raise CaptureError(
+                    f"cannot write {file}: a file of that name appeared in the capture "
+                    "directory while it was written; remove it and run again"
+                ) from None
+            except OSError as err:
+                raise CaptureError(f"cannot write {file}: {err.strerror or err}") from err
             self._calls.graphs.append(graph)
-            graph_id = len(self._calls.graphs) - 1
-            _write_json(self.path / GRAPH_PATTERN.format(graph_id), graph.to_json())
             return graph_id
 
     def begin_call(self) -> int:
         with self._calls.lock:
-            return self._calls.begin()
+            self._check()
+            self._start()
+            call = self._calls.begin()
+            self._active.add(call)
+            return call
 
     def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
         with self._calls.lock:
+            self._check()
+            self._start()
             self._raise_writer_error()
+            if not self._buffer:
+                self._buffer_since = time.monotonic()
             for record, array in self._calls.records(call, graph_id, values):
                 if record.key in self._buffer_keys:
                     # The same name, call and index twice (a point saved twice in one
@@ -236,19 +244,31 @@ class DirectorySink:
                 cost = self._cost(record, array, encoded)
                 if self._buffer and self._buffer_bytes + cost > self.max_bytes:
                     self._submit()
+                if call not in self._buffer_calls:
+                    self._buffer_calls.add(call)
+                    cost += len(str(call)) + 1  # its place in the file's "open" list
                 self._buffer.append((record, array, encoded))
                 self._buffer_keys.add(record.key)
                 self._buffer_bytes += cost
+            if time.monotonic() - self._buffer_since > self.flush_s:
+                self._submit()
+            self._raise_writer_error()
 
     def end_call(self, call: int) -> None:
-        pass
+        with self._calls.lock:
+            self._ended(call)
 
     def fail_call(self, call: int, error: BaseException) -> None:
+        if self._forked:
+            return
         with self._calls.lock:
-            self._calls.failed[call] = _describe(error)
-            self._write_status()
+            self._calls.failed[call] = describe(error)
+            self._ended(call)
+            self._write_status(force=True)  # rare, and worth knowing at once
 
     def flush(self) -> None:
+        if self._forked:
+            return
         with self._calls.lock:
             with self._cv:
                 while self._job is not None:  # a full file handed over before this one
@@ -256,14 +276,20 @@ class DirectorySink:
             # This thread writes the last file itself: it must wait for it anyway, and
             # the hand-off to the writer thread and back (two thread switches and a cold
             # cache) cost about 0.2-0.5 ms, a sixth of writing a 2 MiB file.
-            if self._buffer:
-                self._write_buffer()
+            job = self._cut()
+            if job is not None:
+                self._run(job)
             self._raise_writer_error()
 
     def close(self) -> None:
+        if self._forked:
+            return
         with self._calls.lock:
             if self._calls.closed:
                 return
+            # Nothing more can be put: what a call still running put is all it will have.
+            for call in sorted(self._active):
+                self._ended(call)
             try:
                 self.flush()
             finally:
@@ -275,16 +301,50 @@ class DirectorySink:
                     self._stopping = True
                     self._cv.notify_all()
                 self._thread.join()
-                atexit.unregister(self._atexit)
-                self._write_status()
+                self._finish()
 
-    def capture(self) -> Capture:
-        self.flush()
-        from clouseau.store.reader import load
+    def close_quietly(self) -> None:
+        """Close at interpreter exit or when dropped; a failure is one line on stderr."""
+        try:
+            self.close()
+        except CaptureError as err:
+            import sys
 
-        return load(self.path)
+            print(f"clouseau: {err}", file=sys.stderr)
 
     # -- internals ---------------------------------------------------------------------
+    def _check(self) -> None:
+        if self._forked:
+            raise CaptureError(
+                "this instrumented model writes its capture from the process that created "
+                "it; a forked child cannot add to it: instrument the model in the child, "
+                "with a path of its own"
+            )
+        self._calls.check_open()
+
+    def _start(self) -> None:
+        # The earlier capture goes only now, once the new one has traced: a typo in
+        # select or a bad input leaves it as it was.
+        if not self._started:
+            remove_previous(self.path)
+            self._started = True
+            self._write_status(force=True)
+
+    def _finish(self) -> None:
+        try:
+            if not self._started and read_status(self.path) is None:
+                self._start()  # an empty capture is still a capture
+            self._write_status(force=True)
+        finally:
+            self._dirlock.release()
+
+    def _ended(self, call: int) -> None:
+        self._active.discard(call)
+        if call in self._open_on_disk:
+            self._open_on_disk.discard(call)
+            self._done_pending.add(call)
+            self._buffer_bytes += len(str(call)) + 1
+
     def _cost(self, record: Record, array: np.ndarray, encoded: str) -> int:
         # Data plus an upper bound on its header: the record (escaped again inside the
         # metadata string) and the tensor entry. Offsets in a file that keeps to the limit
@@ -293,183 +353,213 @@ class DirectorySink:
         entry = entry_cost(record.key, array.dtype, array.shape, self.max_bytes)
         return array.nbytes + escaped + entry
 
-    def _next_job(self) -> _Job:
-        path = self.path / self.filename_pattern.format(idx=self._file_index)
-        return _Job(path, tuple(self._buffer))
-
-    def _next_file(self) -> None:
+    def _cut(self) -> _Job | None:
+        """The buffer as a job for the next file (None if empty, or if the capture stopped);
+        the buffer starts afresh."""
+        if not self._buffer or self._error is not None:
+            return None
+        try:
+            name = self._next_name()
+        except CaptureError as err:  # raised to the caller as a writer error
+            self._failed(err, None)
+            return None
+        open_calls = tuple(sorted(self._buffer_calls & self._active))
+        self._open_on_disk.update(open_calls)
+        done = tuple(sorted(self._done_pending))
+        self._done.update(done)
+        calls = frozenset(self._buffer_calls)
+        job = _Job(self.path / name, tuple(self._buffer), open_calls, done, calls)
         self._file_index += 1
-        self._buffer, self._buffer_keys, self._buffer_bytes = [], set(), self._overhead
+        self._buffer, self._buffer_keys, self._buffer_calls = [], set(), set()
+        self._buffer_bytes = self._overhead
+        self._buffer_since = time.monotonic()
+        self._done_pending = set()
+        return job
+
+    def _next_name(self) -> str:
+        index = self._file_index
+        try:
+            name = file_name(self.pattern, index)
+        except ValueError as err:
+            raise CaptureError(str(err)) from None
+        if name in self._names:
+            raise CaptureError(
+                f"filename_pattern {self.pattern!r} gives {name!r} for files "
+                f"{self._names[name]} and {index}: a file would be overwritten. Use a "
+                f"pattern with one name per index, e.g. {DEFAULT_PATTERN!r}"
+            )
+        self._names[name] = index
+        return name
 
     def _submit(self) -> None:
-        if not self._buffer:
+        job = self._cut()
+        if job is None:
             return
-        job = self._next_job()
         with self._cv:
             while self._job is not None:  # the file before is still being written
                 self._cv.wait()
             self._job = job
             self._cv.notify_all()
-        # Only once the job is handed over: an interrupt above loses nothing.
-        self._next_file()
 
-    def _write_buffer(self) -> None:
-        """Write the buffer in this thread (the writer thread is idle; the lock is held)."""
-        if self._error is None:
-            try:
-                _write_job(self._next_job())
-            except Exception as err:  # reported as the writer thread's errors are
-                self._error = err
-            # An interrupt (BaseException) propagates with the buffer kept: close() then
-            # hands it to the writer thread, so nothing put is lost.
-        self._next_file()
+    def _run(self, job: _Job, *, in_writer: bool = False) -> None:
+        # A job handed over before an error elsewhere is still written: its calls are
+        # whole, and writing them loses nothing.
+        try:
+            _write_job(job)
+            self._written.append(job.path.name)
+        except Exception as err:  # reported to the caller at the next put/flush/close
+            self._failed(err, job)
+        except BaseException as err:
+            if in_writer:
+                self._failed(err, job)
+                return
+            # An interrupt in the caller's thread: the writer thread gets this job, so
+            # nothing put is lost.
+            with self._cv:
+                self._job = job
+                self._cv.notify_all()
+            raise
 
     def _write_loop(self) -> None:
         while True:
             with self._cv:
-                while self._job is None and not self._stopping:
-                    self._cv.wait()
-                if self._job is None:
+                if self._job is None and not self._stopping:
+                    self._cv.wait(self.flush_s / 4)
+                if self._job is None and self._stopping:
                     return
                 job = self._job
+            if job is None:
+                self._tick()
+                continue
             try:
-                if self._error is None:
-                    _write_job(job)
-            except BaseException as err:  # reported to the caller at the next put/flush/close
-                self._error = err
+                self._run(job, in_writer=True)
             finally:
                 with self._cv:
                     self._job = None
                     self._cv.notify_all()
+            self._write_status()
 
-    def _raise_writer_error(self) -> None:
-        if self._error is not None:
-            err = self._error
-            raise CaptureError(
-                f"writing the capture to {self.path} failed: {err}. Nothing more is written; "
-                "the files written before are complete and load with clouseau.load."
-            ) from err
+    def _tick(self) -> None:
+        """An idle writer thread writes a buffer older than ``flush_s``, and the status."""
+        if self._calls.closed or self._forked:
+            return
+        old = self._buffer and time.monotonic() - self._buffer_since > self.flush_s
+        # A caller that holds the lock checks the buffer's age in its own put.
+        if old and self._calls.lock.acquire(timeout=0.05):
+            try:
+                if not self._calls.closed:
+                    self._submit()
+            finally:
+                self._calls.lock.release()
+        self._write_status()
 
-    def _write_status(self) -> None:
-        status = {
-            "format": FORMAT,
-            "calls": self._calls.next_call,
-            "closed": self._calls.closed,
-            "failed_calls": {str(k): v for k, v in sorted(self._calls.failed.items())},
-        }
-        try:
-            _write_json(self.path / STATUS_FILE, status)
-        except CaptureError as err:
+    def _failed(self, err: BaseException, job: _Job | None) -> None:
+        # Either thread; the first error is the one reported, every failed job's calls
+        # are lost.
+        with self._cv:
+            if job is not None:
+                self._unwritten.update(job.calls)
             if self._error is None:
                 self._error = err
+
+    def _raise_writer_error(self) -> None:
+        if self._error is None:
+            return
+        err = self._error
+        with self._cv:
+            while self._job is not None:  # a file handed over fails (or not) first
+                self._cv.wait()
+            lost = self._unwritten | self._buffer_calls
+        if lost - self._lost.keys():
+            reason = f"not on disk: writing the capture failed ({err})"
+            self._lost.update({c: reason for c in sorted(lost) if c not in self._lost})
+            self._buffer, self._buffer_keys, self._buffer_calls = [], set(), set()
+            self._write_status(force=True)
+        if not self._calls.stopped:
+            self._calls.stopped = (
+                f"writing the capture to {self.path} failed: {err}. The capture stopped: "
+                "nothing more is written (this call and every later one raise this error); "
+                f"call(s) {_span(lost)} are not on disk; the files written before are "
+                "complete and load with clouseau.load. Create a new instrumented model "
+                "to capture again"
+            )
+        raise CaptureError(self._calls.stopped) from err
+
+    def _write_status(self, force: bool = False) -> None:
+        """Rewrite status.json (at most every ``flush_s`` seconds unless ``force``).
+
+        Either thread, without the calls lock: every field is read through one C-level
+        copy (atomic under the GIL), and the status lock orders the writes.
+        """
+        if not self._started:
+            return
+        with self._status_lock:
+            now = time.monotonic()
+            if not force and now - self._status_at <= self.flush_s:
+                return
+            self._status_at = now
+            calls = self._calls
+            status = {
+                "format": FORMAT,
+                "calls": calls.next_call,
+                "closed": calls.closed,
+                "failed_calls": {str(k): v for k, v in sorted(dict(calls.failed).items())},
+                "lost_calls": {str(k): v for k, v in sorted(dict(self._lost).items())},
+                "files": list(self._written),
+                "done": sorted(self._done | self._done_pending),
+                "pid": os.getpid(),
+            }
+            try:
+                write_json(self.path / STATUS_FILE, status, replace=True)
+            except OSError as err:
+                if self._error is None:
+                    self._error = CaptureError(f"cannot write {STATUS_FILE}: {err.strerror or err}")
+
+
+def _metadata(records: str, open_calls: Sequence[int], done: Sequence[int]) -> dict[str, str]:
+    return {
+        "format": FORMAT,
+        "clouseau": records,
+        "open": "[" + ",".join(map(str, open_calls)) + "]",
+        "done": "[" + ",".join(map(str, done)) + "]",
+    }
 
 
 def _write_job(job: _Job) -> None:
     records = "[" + ",".join(e for _, _, e in job.items) + "]"
-    metadata = {"format": FORMAT, "clouseau": records}
-    write_file(job.path, [(r.key, a) for r, a, _ in job.items], metadata)
+    arrays = [(r.key, a) for r, a, _ in job.items]
+    write_file(job.path, arrays, _metadata(records, job.open, job.done), True)
 
 
-def _close_at_exit(ref: weakref.ref[DirectorySink]) -> None:
-    # An unclosed capture is completed at interpreter exit; a failure is reported in one
-    # line, not as a traceback from inside atexit.
-    sink = ref()
-    if sink is None:
-        return
+def _probe(path: Path) -> None:
     try:
-        sink.close()
-    except CaptureError as err:
-        print(f"clouseau: {err}", file=sys.stderr)
-
-
-def _max_bytes(max_size_mb: float) -> int:
-    example = "a positive number of megabytes (e.g. 1024, or math.inf never to roll)"
-    if isinstance(max_size_mb, bool) or not isinstance(max_size_mb, numbers.Real):
-        raise TypeError(f"max_size_mb must be {example}; got {max_size_mb!r}")
-    if not max_size_mb > 0:  # also rejects nan
-        raise ValueError(f"max_size_mb must be {example}; got {max_size_mb!r}")
-    if math.isinf(max_size_mb):
-        return 2**63
-    return max(1, int(max_size_mb * 2**20))
-
-
-def _check_pattern(pattern: str) -> None:
-    example = f"use e.g. {DEFAULT_PATTERN!r}"
-    if not isinstance(pattern, str):
-        raise TypeError(f"filename_pattern must be a str; got {pattern!r}; {example}")
-    try:
-        names = [pattern.format(idx=i) for i in range(1000)]
-    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as err:
-        raise ValueError(f"filename_pattern {pattern!r} is invalid ({err}); {example}") from None
-    if len(set(names)) < len(names):
-        raise ValueError(
-            f"filename_pattern {pattern!r} has no {{idx}} field, so every rolled file would "
-            f"overwrite the last; {example}"
-        )
-    if any(sep in pattern for sep in ("/", os.sep)) or names[0].startswith("."):
-        raise ValueError(
-            f"filename_pattern {pattern!r} must name a visible file in the capture directory "
-            f"(no '/', no leading '.'); {example}"
-        )
-    if not names[0].endswith(".safetensors"):
-        raise ValueError(f"filename_pattern {pattern!r} must end with .safetensors; {example}")
-
-
-def _prepare_directory(path: Path) -> None:
-    if path.exists() and not path.is_dir():
-        raise CaptureError(
-            f"the capture path {path} is a file; pass a directory (it is created if missing)"
-        )
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".clouseau-probe-{os.getpid()}"
-        probe.write_bytes(b"")
+        fd, probe = temp_file(path, "clouseau-probe")
+        os.close(fd)
         probe.unlink()
     except OSError as err:
         raise CaptureError(
             f"cannot write to the capture path {path}: {err.strerror or err}; "
             "pass a writable directory"
         ) from None
-    _remove_previous_capture(path)
 
 
-def _remove_previous_capture(path: Path) -> None:
-    # A new capture replaces an old one in the same directory. Only clouseau's own files
-    # go: safetensors files with clouseau metadata, graph/status JSON, and temporary files
-    # left by an interrupted writer. Any other file is left alone.
-    from clouseau.store.reader import is_capture_file
-
-    for file in path.iterdir():
-        name = file.name
-        if not file.is_file():
-            continue
-        if (
-            name == STATUS_FILE
-            or re.fullmatch(r"graph-\d+\.json", name)
-            or _TEMP.fullmatch(name)
-            or (name.endswith(".safetensors") and is_capture_file(file))
-        ):
-            try:
-                file.unlink()
-            except OSError as err:
-                raise CaptureError(
-                    f"cannot remove {file} of an earlier capture: {err.strerror or err}; "
-                    "remove it, or pick another path"
-                ) from None
+def _span(calls: set[int]) -> str:
+    ordered = sorted(calls)
+    if not ordered:
+        return "(none)"
+    return ", ".join(map(str, ordered)) if len(ordered) <= 5 else f"{ordered[0]}..{ordered[-1]}"
 
 
-def _write_json(path: Path, data: object) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)
-    except BaseException as err:
-        tmp.unlink(missing_ok=True)
-        if isinstance(err, OSError) and not isinstance(err, CaptureError):
-            raise CaptureError(f"cannot write {path}: {err.strerror or err}") from err
-        raise
+_LIVE: weakref.WeakSet[_Core] = weakref.WeakSet()
 
 
-def _describe(error: BaseException) -> str:
-    message = str(error)
-    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+def _after_fork_in_child() -> None:
+    # The child has a copy of every sink but no writer thread, and possibly a lock held
+    # by a parent thread at the fork: it must never touch the parent's capture.
+    for core in list(_LIVE):
+        core._forked = True
+        core._dirlock.release()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

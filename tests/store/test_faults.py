@@ -98,7 +98,7 @@ def test_keyboard_interrupt_inside_write_file(
         def __exit__(self, *exc: object) -> None:
             self.file.close()
 
-    monkeypatch.setattr(sio, "open", Interrupting, raising=False)
+    monkeypatch.setattr(sio.os, "fdopen", Interrupting)
     target = tmp_path / "activations-001.safetensors"
     with pytest.raises(KeyboardInterrupt):
         sio.write_file(target, [("b#1", np.ones(1000)), ("c#1", np.ones(1000))], {})
@@ -132,9 +132,13 @@ def test_sigkill_while_writing_leaves_no_partial_file(tmp_path: Path) -> None:
     cap = load(tmp_path)
     for record in cap.records:
         cap.get(record.name, call=record.call)
-    # The next capture in the directory sweeps the leftover temporary file away.
-    DirectorySink(tmp_path).close()
+    # The next capture in the directory sweeps the leftover temporary file away once it
+    # starts (a capture that never starts leaves the earlier one as it was).
+    sink = DirectorySink(tmp_path)
+    sink.begin_call()
+    sink.close()
     assert temp_files(tmp_path) == [] and capture_files(tmp_path) == []
+    assert load(tmp_path).calls_made == 1
 
 
 def test_disk_full_gives_a_clear_error_and_keeps_earlier_files(tmp_path: Path) -> None:
@@ -192,15 +196,22 @@ def test_a_writer_failure_surfaces_at_the_next_put(
     sink = DirectorySink(tmp_path, max_size_mb=0.01)
     put_calls(sink, [[value("a", np.ones(1000))]])  # 8 kB: file 0
     put_calls(sink, [[value("a", np.ones(1000))]])  # rolls: file 0 written, file 1 fills
-    with pytest.raises(CaptureError, match=r"No space left on device\. Nothing more is written"):
+    with pytest.raises(
+        CaptureError,
+        match=r"No space left on device\. The capture stopped: nothing more is written",
+    ):
         sink.flush()  # file 1 fails in the writer thread; flush waits for it and says so
-    call = sink.begin_call()
+    # The capture stopped; every later call says why (issue 15, item 18).
+    with pytest.raises(CaptureError, match=r"No space left.*The capture stopped"):
+        sink.begin_call()
     with pytest.raises(CaptureError, match="No space left"):
-        sink.put(call, 0, [value("a", np.ones(3))])
+        sink.put(1, 0, [value("a", np.ones(3))])
     with pytest.raises(CaptureError):
         sink.close()
     sink.close()  # a second close is quiet
-    assert load(tmp_path).calls == (0,)
+    cap = load(tmp_path)
+    assert cap.calls == (0,) and cap.closed and not cap.complete
+    assert list(cap.partial_calls) == [1] and "No space left" in cap.partial_calls[1]
 
 
 def test_put_does_not_block_until_a_full_file_waits(

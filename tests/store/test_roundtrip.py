@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import ml_dtypes
@@ -161,6 +162,8 @@ def test_file_metadata_follows_the_contract(tmp_path: Path) -> None:
     (file,) = capture_files(tmp_path)
     metadata, entries = read_header(file)
     assert metadata["format"] == "clouseau.capture/1"
+    # No call continues past this file, and none of an earlier file ended in it.
+    assert (metadata["open"], metadata["done"]) == ("[]", "[]")
     assert json.loads(metadata["clouseau"]) == [
         ["relu#0", ["relu", "act"], "relu", 0, 0, 0, []],
         ["scan.body#0@4", ["scan.body"], "scan.body", 0, 1, 0, [4]],
@@ -172,6 +175,10 @@ def test_file_metadata_follows_the_contract(tmp_path: Path) -> None:
         "calls": 1,
         "closed": True,
         "failed_calls": {},
+        "lost_calls": {},
+        "files": [file.name],
+        "done": [],
+        "pid": os.getpid(),
     }
 
 
@@ -291,14 +298,21 @@ def test_new_capture_replaces_only_clouseaus_files(tmp_path: Path) -> None:
     assert len(capture_files(tmp_path)) == 4
     (tmp_path / "notes.txt").write_text("mine")
     numpy_safetensors.save_file({"w": np.ones(2)}, tmp_path / "weights.safetensors")
-    (tmp_path / ".activations-009.safetensors.123.tmp").write_bytes(b"partial")
+    # A writer's leftover: its header names clouseau's format (or it is still empty).
+    (tmp_path / ".activations-009.safetensors.k2j4_x9a.tmp").write_bytes(
+        (capture_files(tmp_path)[0].read_bytes())[:100]
+    )
+    (tmp_path / ".graph-000.json.abcdefgh.tmp").write_bytes(b"")
     (tmp_path / ".other.1.tmp").write_bytes(b"not ours")
+    (tmp_path / ".activations-009.safetensors.123.tmp").write_bytes(b"not ours either")
 
     sink = DirectorySink(tmp_path)
     put_calls(sink, [[value("b", np.ones(2))]])
     sink.close()
     # The old files, graphs and temporary file went; the user's files stayed.
     assert sorted(f.name for f in tmp_path.iterdir()) == [
+        ".activations-009.safetensors.123.tmp",
+        ".clouseau.lock",
         ".other.1.tmp",
         "activations-000.safetensors",
         "notes.txt",

@@ -16,6 +16,7 @@ from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.intervene import emitting_grads
 from clouseau.capture.torch.lower import Lowered, SaveTarget, lower
 from clouseau.ir.actions import Action
+from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
 from clouseau.ir.interventions import Grads
 from clouseau.ir.selection import SelectLike
@@ -203,6 +204,12 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
 def _saved_values(
     targets: tuple[SaveTarget, ...], tensors: tuple[torch.Tensor, ...]
 ) -> list[SavedValue]:
+    for target, t in zip(targets, tensors, strict=True):
+        if t.is_meta:
+            raise CaptureError(
+                f"point {target.names[0]!r} is a meta tensor: it has a shape but no values "
+                "to save. Run the model on a real device, or instrument it with select=None"
+            )
     return [
         SavedValue(target.names, target.node, to_numpy(t, copy=target.host_copy))
         for target, t in zip(targets, tensors, strict=True)

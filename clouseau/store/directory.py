@@ -1,0 +1,203 @@
+"""The capture directory before writing: its path, its file names, and what it holds.
+
+Checks that fail before anything is touched: a path that names a directory to create or
+reuse, a file name pattern whose every name stays a plain file in it, no file of someone
+else in the way. Then, once a new capture has traced, the earlier capture is removed:
+only files whose content proves that clouseau wrote them.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import re
+from pathlib import Path
+
+from clouseau.ir.errors import CaptureError
+from clouseau.store.files import read_head, read_json
+
+STATUS_FILE = "status.json"
+GRAPH_PATTERN = "graph-{:03d}.json"
+GRAPH_NAME = re.compile(r"graph-(\d+)\.json")
+FORMAT = "clouseau.capture/1"
+GRAPH_FORMAT = "clouseau.graph"
+DEFAULT_PATTERN = "activations-{idx:03d}.safetensors"
+_NAME_MAX = 255  # bytes in one file name on every common file system
+# The temporary files of files.temp_file: a hidden name, 8 random characters, .tmp.
+_TEMP = re.compile(r"\..+\.(?:safetensors|json|clouseau-probe)\.[a-z0-9_]{8}\.tmp")
+_HEAD = 4096  # clouseau's own files state their format in their first bytes
+# The format marker of each kind of file clouseau writes, as it appears in the file.
+_MARKERS = (f'"{FORMAT}"'.encode(), f'"format": "{GRAPH_FORMAT}"'.encode())
+
+
+def capture_path(path: str | os.PathLike[str]) -> Path:
+    """The absolute capture directory for ``path``; CaptureError naming the fix if unusable."""
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if text == "":
+        raise CaptureError(
+            "path='' would write into the current directory; pass a directory name "
+            "(e.g. '.clouseau'), or '.' to mean the current directory"
+        )
+    if "\0" in text:
+        raise CaptureError(f"the capture path {text!r} contains a NUL character; remove it")
+    # Absolute: the writer thread must not follow a later os.chdir of the program.
+    where = Path(text).expanduser().absolute()
+    long = [p for p in where.parts if len(os.fsencode(p)) > _NAME_MAX]
+    if long:
+        raise CaptureError(
+            f"the capture path has a component of {len(os.fsencode(long[0]))} bytes "
+            f"({long[0][:40]}...); file systems allow {_NAME_MAX}: pick a shorter name"
+        )
+    if where.is_symlink() and not where.exists():
+        raise CaptureError(
+            f"the capture path {where} is a symbolic link to {os.readlink(where)}, which does "
+            "not exist: create that directory, or remove the link"
+        )
+    if where.exists() and not where.is_dir():
+        raise CaptureError(
+            f"the capture path {where} is a file; pass a directory (it is created if missing)"
+        )
+    return where
+
+
+def max_bytes(max_size_mb: float) -> int:
+    """``max_size_mb`` in bytes; TypeError or ValueError saying what is expected."""
+    example = "a positive number of megabytes (e.g. 1024, or math.inf never to roll)"
+    if isinstance(max_size_mb, bool) or not isinstance(max_size_mb, numbers.Real):
+        raise TypeError(f"max_size_mb must be {example}; got {max_size_mb!r}")
+    if not max_size_mb > 0:  # also rejects nan
+        raise ValueError(f"max_size_mb must be {example}; got {max_size_mb!r}")
+    limit = 2**63
+    if math.isinf(max_size_mb) or max_size_mb >= limit / 2**20:
+        return limit  # also 1e308: no file comes near either
+    return max(1, int(max_size_mb * 2**20))
+
+
+def check_pattern(pattern: str) -> frozenset[str]:
+    """Check ``filename_pattern`` on the first 1000 indices (each later name at its write);
+    return those names."""
+    example = f"use e.g. {DEFAULT_PATTERN!r}"
+    if not isinstance(pattern, str):
+        raise TypeError(f"filename_pattern must be a str; got {pattern!r}; {example}")
+    names = [file_name(pattern, i) for i in range(1000)]
+    if len(set(names)) < len(names):
+        raise ValueError(
+            f"filename_pattern {pattern!r} has no {{idx}} field, so every rolled file would "
+            f"overwrite the last; {example}"
+        )
+    return frozenset(names)
+
+
+def file_name(pattern: str, idx: int) -> str:
+    """The name of file ``idx``: ValueError unless it is a visible .safetensors file name."""
+    example = f"use e.g. {DEFAULT_PATTERN!r}"
+    try:
+        name = pattern.format(idx=idx)
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError, OverflowError) as err:
+        raise ValueError(f"filename_pattern {pattern!r} is invalid ({err}); {example}") from None
+    bad = next((c for c in name if ord(c) < 32 or ord(c) == 127), None)
+    size = len(os.fsencode(name))
+    problem = (
+        "no '/' may appear in a file name (it would leave the capture directory)"
+        if "/" in name or os.sep in name or (os.altsep and os.altsep in name)
+        else f"no control character may appear in a file name (found {bad!r})"
+        if bad is not None
+        else "no leading '.' (a hidden file, or a directory)"
+        if name.startswith(".")
+        else f"a file name has at most {_NAME_MAX} bytes; this one has {size}"
+        if size > _NAME_MAX
+        else "the name must end with .safetensors"
+        if not name.endswith(".safetensors")
+        else ""
+    )
+    if problem:
+        raise ValueError(
+            f"filename_pattern {pattern!r} gives the file name {name!r} at index {idx}: "
+            f"{problem}; {example}"
+        )
+    return name
+
+
+def owned(file: Path) -> bool:
+    """Whether ``file`` is a regular file whose first bytes hold clouseau's format marker
+    (or an empty temporary file under the exact name a clouseau writer gives them)."""
+    head = read_head(file, _HEAD)
+    if not head and _TEMP.fullmatch(file.name):
+        return file.is_file() and not file.is_symlink()
+    return any(marker in head for marker in _MARKERS)
+
+
+def graph_id(name: str) -> int | None:
+    """The id of ``name`` if it is exactly a graph file name clouseau writes, else None."""
+    match = GRAPH_NAME.fullmatch(name)
+    if match is None or GRAPH_PATTERN.format(int(match.group(1))) != name:
+        return None
+    return int(match.group(1))
+
+
+def _ours_by_name(name: str) -> bool:
+    return name == STATUS_FILE or graph_id(name) is not None
+
+
+def check_clashes(path: Path, mine: frozenset[str]) -> None:
+    """Refuse a directory holding someone else's file under a name clouseau would write
+    (``mine``: the data file names checked up front)."""
+    if not path.is_dir():
+        return
+    for entry in os.scandir(path):
+        name = entry.name
+        if not (_ours_by_name(name) or name in mine):
+            continue
+        if (
+            entry.is_symlink()
+            or not entry.is_file(follow_symlinks=False)
+            or not owned(Path(entry.path))
+        ):
+            raise CaptureError(
+                f"{entry.path} is in the way: the capture would write a file of that name, "
+                "and this one was not written by clouseau (it is never overwritten or "
+                "removed). Move it, or pick another path or filename_pattern"
+            )
+
+
+def remove_previous(path: Path) -> None:
+    """Remove the files of an earlier capture: only those whose content clouseau wrote.
+
+    Its safetensors files, ``graph-NNN.json``, ``status.json`` and the temporary files of
+    an interrupted writer, each recognised by the format marker inside it, never by its
+    name alone; links and anything else are left alone.
+    """
+    for entry in os.scandir(path):
+        name = entry.name
+        candidate = (
+            _ours_by_name(name)
+            or name.endswith(".safetensors")
+            or (name.startswith(".") and name.endswith(".tmp"))
+        )
+        if not candidate or entry.is_symlink() or not entry.is_file(follow_symlinks=False):
+            continue
+        if not owned(Path(entry.path)):
+            continue
+        try:
+            os.unlink(entry.path)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            raise CaptureError(
+                f"cannot remove {entry.path} of an earlier capture: {err.strerror or err}; "
+                "remove it, or pick another path"
+            ) from None
+
+
+def read_status(path: Path) -> dict[str, object] | None:
+    """The status.json of ``path``, or None when there is none (CaptureError if damaged)."""
+    file = path / STATUS_FILE
+    if not os.path.lexists(file):
+        return None
+    status = read_json(file)
+    if not isinstance(status, dict) or status.get("format") != FORMAT:
+        raise CaptureError(f"{file} is damaged: not a clouseau status file")
+    return status

@@ -1,0 +1,171 @@
+"""What both sinks share (call numbering, dtype checks) and the in-memory sink."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+
+from clouseau.ir.errors import CaptureError
+from clouseau.ir.graph import Graph, NodeKind, TensorSpec
+from clouseau.ir.sink import SavedValue
+from clouseau.store.capture import Capture, Entry, Record, tensor_key
+from clouseau.store.safetensors_io import TO_NUMPY, dtype_code, storable
+
+_STORABLE = frozenset(dtype.name for dtype in TO_NUMPY.values())
+
+
+class Calls:
+    """Call numbering and per-call order, shared by both sinks. Callers hold the lock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.graphs: list[Graph] = []
+        self.next_call = 0
+        self.order: dict[int, int] = {}
+        self.failed: dict[int, str] = {}
+        self.closed = False
+        self.stopped = ""  # why the capture stopped early (a write error), "" if it did not
+
+    def begin(self) -> int:
+        self.check_open()
+        call, self.next_call = self.next_call, self.next_call + 1
+        self.order[call] = 0
+        return call
+
+    def records(
+        self, call: int, graph_id: int, values: Sequence[SavedValue]
+    ) -> list[tuple[Record, np.ndarray]]:
+        self.check_open()
+        arrays = [np.asarray(value.array) for value in values]
+        for value, array in zip(values, arrays, strict=True):
+            _refuse_dtype(value.name, array.dtype)  # before anything is numbered
+        out = []
+        for value, array in zip(values, arrays, strict=True):
+            order = self.order.get(call, 0)
+            self.order[call] = order + 1
+            names, index = tuple(value.names), tuple(int(i) for i in value.index)
+            key = tensor_key(names[0], call, index)
+            record = Record(key, names, value.node, call, order, graph_id, index)
+            out.append((record, array))
+        return out
+
+    def check_open(self) -> None:
+        if self.stopped:
+            raise CaptureError(self.stopped)
+        if self.closed:
+            raise CaptureError(
+                "this capture is closed: create a new instrumented model to capture again"
+            )
+
+
+def check_saved_dtypes(graph: Graph) -> None:
+    """Refuse, at trace time, a graph that saves a value no safetensors file can hold."""
+    for node in _saves(graph):
+        spec = node.inputs and _spec_of(graph, node)
+        if isinstance(spec, TensorSpec) and spec.dtype.value not in _STORABLE:
+            names = node.attr("names")
+            name = names[0] if isinstance(names, tuple) and names else node.name
+            _refuse_dtype(str(name), np.dtype(spec.dtype.value))
+
+
+def _saves(graph: Graph) -> Iterator[Graph | object]:
+    for node in graph.nodes:
+        if node.kind in (NodeKind.SAVE, NodeKind.SAVE_GRAD):
+            yield node
+        for sub in node.subgraphs:
+            yield from _saves(sub)
+
+
+def _spec_of(graph: Graph, save: object) -> object:
+    ref = save.inputs[0]  # type: ignore[attr-defined]
+    found = _find(graph, ref.node)
+    if found is None or ref.index >= len(found.outputs):
+        return None
+    return found.outputs[ref.index]
+
+
+def _find(graph: Graph, name: str) -> object:
+    for node in graph.nodes:
+        if node.name == name:
+            return node
+        for sub in node.subgraphs:
+            hit = _find(sub, name)
+            if hit is not None:
+                return hit
+    return None
+
+
+def _refuse_dtype(name: str, dtype: np.dtype) -> None:
+    try:
+        dtype_code(dtype)
+    except CaptureError as err:
+        raise CaptureError(
+            f"point {name!r}: {err}. Leave it out with select=[..., '!{name}'], or cast it "
+            "in the model"
+        ) from None
+
+
+class MemorySink:
+    """Keeps everything in memory (``instrument(..., path=None)``).
+
+    Arrays are stored as the files would hold them (little-endian, C-contiguous) and handed
+    out read-only, so that reading a capture never changes it.
+    """
+
+    def __init__(self) -> None:
+        self._calls = Calls()
+        self._items: list[tuple[Record, np.ndarray]] = []
+
+    def add_graph(self, graph: Graph) -> int:
+        check_saved_dtypes(graph)
+        with self._calls.lock:
+            self._calls.graphs.append(graph)
+            return len(self._calls.graphs) - 1
+
+    def begin_call(self) -> int:
+        with self._calls.lock:
+            return self._calls.begin()
+
+    def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
+        with self._calls.lock:
+            for record, array in self._calls.records(call, graph_id, values):
+                view = storable(array).view()
+                view.flags.writeable = False
+                self._items.append((record, view))
+
+    def end_call(self, call: int) -> None:
+        pass
+
+    def fail_call(self, call: int, error: BaseException) -> None:
+        with self._calls.lock:
+            self._calls.failed[call] = describe(error)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        with self._calls.lock:
+            self._calls.closed = True
+
+    def capture(self) -> Capture:
+        with self._calls.lock:
+            entries = tuple(Entry(r, _loader(a)) for r, a in self._items)
+            return Capture(
+                entries,
+                tuple(self._calls.graphs),
+                self._calls.failed,
+                calls_made=self._calls.next_call,
+                closed=self._calls.closed,
+            )
+
+
+def _loader(array: np.ndarray) -> Callable[[], np.ndarray]:
+    return lambda: array
+
+
+def describe(error: BaseException) -> str:
+    """``Type: message`` of an exception, as failed_calls records it."""
+    message = str(error)
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
