@@ -41,6 +41,10 @@ COMPARISONS: dict[str, tuple[str, str, str]] = {
     "scaling-points": ("bench.bench_scaling", "scaling_points", ""),
     "scaling-depth": ("bench.bench_scaling", "scaling_depth", ""),
     "scaling-memory": ("bench.bench_scaling", "scaling_memory", ""),
+    "dataset-record": ("bench.bench_dataset", "record_vs_floor", ""),
+    "dataset-read": ("bench.bench_dataset", "read_throughput", ""),
+    "dataset-arrow": ("bench.bench_dataset", "versus_arrow", ""),
+    "dataset-memory": ("bench.bench_dataset", "peak_memory", ""),
 }
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "RESULTS.md"

@@ -10,6 +10,7 @@ drop-in model that writes those activations to safetensors::
 """
 
 from clouseau.api import diff, draw, export_onnx, instrument, trace
+from clouseau.dataset import record
 from clouseau.ir.actions import add, clamp, mean_ablate, noise, patch, replace, scale, zero
 from clouseau.ir.errors import CaptureError, ClouseauError, SelectionError, TraceError
 from clouseau.ir.graph import Graph, Point
@@ -37,6 +38,7 @@ __all__ = [
     "mean_ablate",
     "noise",
     "patch",
+    "record",
     "replace",
     "scale",
     "trace",

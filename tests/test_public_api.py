@@ -12,7 +12,7 @@ import clouseau
 
 PUBLIC = {
     "Capture", "CaptureError", "ClouseauError", "Graph", "Point", "SelectionError", "Selector",
-    "TraceError", "diff", "draw", "export_onnx", "instrument", "load", "trace",
+    "TraceError", "diff", "draw", "export_onnx", "instrument", "load", "record", "trace",
     # interventions (docs/interventions.md)
     "add", "clamp", "mean_ablate", "noise", "patch", "replace", "scale", "zero",
 }  # fmt: skip

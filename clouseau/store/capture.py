@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
@@ -276,6 +276,141 @@ class Capture(Mapping[str, np.ndarray]):
             raise KeyError(
                 f"{name!r} is not in this capture; closest: {closest(name, self._by_name)}"
             ) from None
+
+    # -- datasets: rows across calls (clouseau.record) -----------------------------------
+    def array(self, name: str) -> Any:
+        """``name``'s arrays of every call as one lazy, memory-mapped array of rows.
+
+        Needs the same shape after the first axis in every call (a recording with
+        ``rows=True`` stores ``[tokens, d]``). Indexing reads only the rows asked for.
+
+        Returns
+        -------
+        clouseau.store.rows.LazyArray
+            ``shape``, ``dtype``, ``len``, ``a[i]``, ``a[i:j]``, ``a[index_array]``,
+            ``np.asarray(a)``.
+        """
+        from clouseau.store.rows import LazyArray, columns
+
+        return LazyArray(columns(self, (name,))[0])
+
+    def iter_batches(
+        self,
+        names: str | Sequence[str],
+        batch_size: int = 1024,
+        *,
+        shuffle: bool = True,
+        seed: int | None = None,
+        drop_last: bool = False,
+        start: int = 0,
+        format: str = "numpy",
+    ) -> Iterator[Any]:
+        """Stream rows of one or several names across every call, for training.
+
+        Parameters
+        ----------
+        names
+            A name (batches are arrays) or a list of names stored row for row, such as
+            a point and its fields (batches are dicts name -> array).
+        batch_size
+            Rows per batch.
+        shuffle
+            A uniform random permutation of all rows (under ``seed``) instead of storage
+            order; within a batch, rows come in storage order.
+        seed
+            Makes the shuffle deterministic; one epoch per seed (``seed=base + epoch``).
+        drop_last
+            Leave out the last, smaller batch.
+        start
+            The batch to start from: resumes an interrupted epoch at that position.
+        format
+            ``"numpy"``, ``"torch"`` or ``"jax"``.
+        """
+        from clouseau.store.rows import check_format, columns, convert, iter_rows, names_of
+
+        wanted, single = names_of(names)
+        check_format(format)
+        if not (isinstance(batch_size, int) and batch_size > 0):
+            raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
+        if not (isinstance(start, int) and start >= 0):
+            raise ValueError(f"start must be a batch index >= 0; got {start!r}")
+        cols = columns(self, wanted)
+        batches = iter_rows(
+            cols, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, start=start
+        )
+        for arrays in batches:
+            out = [convert(a, format) for a in arrays]
+            yield out[0] if single else dict(zip(wanted, out, strict=True))
+
+    def to_torch_dataset(self, names: str | Sequence[str]) -> Any:
+        """A map-style ``torch.utils.data.Dataset`` of rows (memory-mapped, fork-safe).
+
+        ``ds[i]`` is a row (a tensor, or a dict for a list of names); ``ds[index_list]``
+        a whole batch, for ``DataLoader(ds, sampler=BatchSampler(...), batch_size=None)``.
+        """
+        from clouseau.store.training import RowDataset
+
+        return RowDataset.make(self, names)
+
+    def to_parquet(
+        self, directory: Any, names: Sequence[str] | None = None, rows_per_file: int = 1 << 16
+    ) -> list[Any]:
+        """Write rows of ``names`` (default: every name with rows) as Parquet files.
+
+        Needs pyarrow (``pip install 'clouseau[arrow]'``). Returns the files written.
+        """
+        from clouseau.store.export import write_shards
+
+        return write_shards(self, directory, names, rows_per_file, "parquet")
+
+    def to_hf_dataset(
+        self,
+        names: Sequence[str] | None = None,
+        directory: Any = None,
+        rows_per_file: int = 1 << 16,
+    ) -> Any:
+        """A Hugging Face ``datasets.Dataset`` of rows, memory-mapped from Arrow files.
+
+        The Arrow files go to ``directory`` (default: ``hf/`` in the capture directory).
+        Needs ``datasets`` (``pip install 'clouseau[arrow]'``).
+        """
+        from clouseau.store.export import hf_dataset
+
+        return hf_dataset(self, names, directory, rows_per_file)
+
+    def stats(self, name: str) -> Any:
+        """The running statistics ``clouseau.record(..., stats=...)`` kept for ``name``.
+
+        Returns
+        -------
+        clouseau.store.stats.PointStats
+            ``count``, ``mean``, ``var``, ``std``, ``min``, ``max`` (per feature, the last
+            axis) and ``norm_mean``.
+        """
+        from clouseau.store.progress import read_progress
+        from clouseau.store.stats import stats_from_json
+
+        progress = read_progress(self.path) if self.path is not None else None
+        state = progress.stats.get(name) if progress is not None else None
+        result = stats_from_json(state) if state is not None else None
+        if result is None:
+            raise KeyError(
+                f"no statistics of {name!r} in this capture; record with "
+                f"clouseau.record(..., stats=True) (or stats=[{name!r}])"
+            )
+        return result
+
+    @property
+    def batches(self) -> tuple[Any, ...]:
+        """The batches of a recording (``clouseau.record``), in order; ``()`` otherwise.
+
+        Each is a ``Batch``: ``index`` (its call), samples ``start``..``stop``, and the
+        ``error`` of a skipped batch.
+        """
+        from clouseau.store.progress import read_progress
+
+        progress = read_progress(self.path) if self.path is not None else None
+        return progress.batches if progress is not None else ()
 
     def to_pandas(self) -> Any:
         """One row per saved array: name, call, shape, dtype and the IR metadata of its node.

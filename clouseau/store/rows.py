@@ -1,0 +1,297 @@
+"""Rows across calls: a point's arrays of every call read as one memory-mapped column.
+
+A *column* is one name's arrays in call order, seen as rows along their first axis (a
+token-level recording stores ``[tokens, d]`` per batch; any capture stores ``[batch, ...]``
+per call). Nothing is loaded up front: each file is memory-mapped once, and rows are
+copied out only when asked for. A gather of scattered rows (a shuffled batch) is one
+numpy fancy index per file, over a view of the file whose elements are the row's bytes
+at every byte offset, so its cost does not grow with the number of calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from clouseau.ir.errors import CaptureError
+from clouseau.store.safetensors_io import TensorEntry, read_header
+
+if TYPE_CHECKING:
+    from clouseau.store.capture import Capture, Entry
+
+FORMATS = ("numpy", "torch", "jax")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One call's array of a column: where it lies (file and offset) or the array itself."""
+
+    call: int
+    rows: int
+    file: Path | None
+    offset: int
+    array: np.ndarray | None = None
+
+
+class Column:
+    """The rows of one name over every call, memory-mapped (see the module docstring)."""
+
+    def __init__(
+        self, name: str, dtype: np.dtype, row_shape: tuple[int, ...], chunks: Sequence[Chunk]
+    ):
+        self.name, self.dtype, self.row_shape = name, np.dtype(dtype), tuple(row_shape)
+        self.chunks = tuple(chunks)
+        self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
+        counts = np.array([c.rows for c in self.chunks], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(counts)])
+        self.files = tuple(sorted({c.file for c in self.chunks if c.file is not None}))
+        ids = {f: i for i, f in enumerate(self.files)}
+        self.file_ids = np.array([ids.get(c.file, -1) for c in self.chunks], dtype=np.int64)
+        self.offsets = np.array([c.offset for c in self.chunks], dtype=np.int64)
+        self.in_memory = any(c.array is not None for c in self.chunks)
+        self._maps: dict[Path, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Memory maps are reopened in the receiving process (a DataLoader worker).
+        return {**self.__dict__, "_maps": {}}
+
+    def _map(self, file: Path) -> np.ndarray:
+        found = self._maps.get(file)
+        if found is None:
+            found = self._maps[file] = np.memmap(file, dtype=np.uint8, mode="r")
+        return found
+
+    def _chunk_view(self, i: int) -> np.ndarray:
+        chunk = self.chunks[i]
+        if chunk.array is not None:
+            return chunk.array
+        assert chunk.file is not None
+        data = self._map(chunk.file)
+        count = chunk.rows * int(np.prod(self.row_shape, dtype=np.int64))
+        flat = np.frombuffer(data, self.dtype, count=count, offset=chunk.offset)
+        return flat.reshape(chunk.rows, *self.row_shape)
+
+    def slice(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` as a new array (contiguous ranges: copied chunk by chunk)."""
+        start, stop = max(0, start), min(len(self), stop)
+        if stop <= start:
+            return np.empty((0, *self.row_shape), self.dtype)
+        first = int(np.searchsorted(self.starts, start, side="right")) - 1
+        last = int(np.searchsorted(self.starts, stop, side="left"))
+        out = np.empty((stop - start, *self.row_shape), self.dtype)
+        at = 0
+        for i in range(first, last):
+            lo = max(start, int(self.starts[i])) - int(self.starts[i])
+            hi = min(stop, int(self.starts[i + 1])) - int(self.starts[i])
+            out[at : at + hi - lo] = self._chunk_view(i)[lo:hi]
+            at += hi - lo
+        return out
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """The rows at the global indices ``rows`` (any order), as a new array."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
+            raise IndexError(f"row index out of range for {self.name!r} of {len(self)} rows")
+        chunk = np.searchsorted(self.starts, rows, side="right") - 1
+        out = np.empty((rows.size, *self.row_shape), self.dtype)
+        if not rows.size or not self.row_bytes:
+            return out
+        local = rows - self.starts[chunk]
+        offsets = self.offsets[chunk] + local * self.row_bytes
+        flat_out = out.reshape(rows.size, -1).view(np.dtype((np.void, self.row_bytes)))
+        flat_out = flat_out.reshape(rows.size)
+        if len(self.files) == 1 and not self.in_memory:
+            flat_out[:] = self._bytes_view(self.files[0])[offsets]
+            return out
+        file_ids = self.file_ids[chunk]
+        for i, file in enumerate(self.files):
+            ids = file_ids == i
+            flat_out[ids] = self._bytes_view(file)[offsets[ids]]
+        if self.in_memory:  # a capture without files
+            for i in np.unique(chunk[file_ids < 0]):
+                ids = chunk == i
+                out[ids] = self._chunk_view(int(i))[local[ids]]
+        return out
+
+    def _bytes_view(self, file: Path) -> np.ndarray:
+        # Element i is the row-sized run of bytes starting at byte i of the file.
+        data = self._map(file)
+        count = data.size - self.row_bytes + 1
+        void = np.dtype((np.void, self.row_bytes))
+        return np.ndarray((count,), void, buffer=data, offset=0, strides=(1,))
+
+
+def columns(cap: Capture, names: Sequence[str]) -> tuple[Column, ...]:
+    """The columns of ``names`` in ``cap``; they must have the same rows in every call."""
+    index = _file_index(cap)
+    cols = tuple(_column(cap, name, index) for name in names)
+    for col in cols[1:]:
+        if [c.rows for c in col.chunks] != [c.rows for c in cols[0].chunks]:
+            raise CaptureError(
+                f"{cols[0].name!r} and {col.name!r} do not have the same rows in every call "
+                f"({len(cols[0])} and {len(col)} in all); read them together only when they "
+                "were stored row for row (e.g. a point and its fields with rows=True)"
+            )
+    return cols
+
+
+def _file_index(cap: Capture) -> dict[str, tuple[Path, TensorEntry]]:
+    cached = getattr(cap, "_row_index", None)
+    if cached is not None:
+        return cached
+    index: dict[str, tuple[Path, TensorEntry]] = {}
+    if cap.path is not None:
+        files = sorted(
+            f for f in Path(cap.path).glob("*.safetensors") if not f.name.startswith(".")
+        )
+        for file in files:
+            for tensor in read_header(file)[1]:
+                index.setdefault(tensor.key, (file, tensor))
+    cap._row_index = index  # type: ignore[attr-defined]
+    return index
+
+
+def _column(cap: Capture, name: str, index: dict[str, tuple[Path, TensorEntry]]) -> Column:
+    entries: list[Entry] = cap._entries_for(name)
+    if any(e.record.index for e in entries):
+        raise CaptureError(
+            f"{name!r} was saved inside a loop (several arrays per call); read it with "
+            f"cap.get({name!r}, call=k) instead of as rows"
+        )
+    chunks, shapes = [], set()
+    dtype = None
+    for entry in entries:
+        found = index.get(entry.record.key)
+        if found is not None:
+            file, tensor = found
+            shape, dtype, chunk = tensor.shape, tensor.dtype, None
+        else:
+            array = entry.load()
+            shape, dtype, chunk = array.shape, array.dtype, array
+        if not shape:
+            raise CaptureError(f"{name!r} is a scalar per call; it has no rows to read")
+        shapes.add(tuple(shape[1:]))
+        if chunk is None:
+            chunks.append(Chunk(entry.record.call, shape[0], file, tensor.start))
+        else:
+            chunks.append(Chunk(entry.record.call, shape[0], None, 0, chunk))
+    if len(shapes) > 1:
+        raise CaptureError(
+            f"the rows of {name!r} change shape between calls ({sorted(shapes)[:4]}); they "
+            "cannot be read as one array: pad to one shape, or record with rows=True to "
+            "store [batch, seq, d] as [tokens, d]"
+        )
+    return Column(name, np.dtype(dtype), shapes.pop(), chunks)
+
+
+class LazyArray:
+    """``cap.array(name)``: every call's rows as one array, read from disk on indexing.
+
+    Supports ``len``, ``shape``, ``dtype``, integer, slice and integer-array indexing
+    (then any further axes), and ``np.asarray`` (reads everything).
+    """
+
+    def __init__(self, column: Column) -> None:
+        self.column = column
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.column), *self.column.row_shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.column.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return len(self.column)
+
+    def __getitem__(self, key: Any) -> Any:
+        rest: tuple[Any, ...] = ()
+        if isinstance(key, tuple):
+            key, rest = (key[0] if key else slice(None)), key[1:]
+        n = len(self.column)
+        if isinstance(key, int | np.integer):
+            i = int(key) + n if key < 0 else int(key)
+            if not 0 <= i < n:
+                raise IndexError(f"index {key} is out of range for {n} rows")
+            return self.column.slice(i, i + 1)[0][rest]
+        elif isinstance(key, slice):
+            start, stop, step = key.indices(n)
+            out = (
+                self.column.slice(start, stop)
+                if step == 1
+                else self.column.take(np.arange(start, stop, step))
+            )
+        else:
+            out = self.column.take(np.asarray(key) % max(n, 1))
+        return out[(slice(None), *rest)] if rest else out
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.column.slice(0, len(self.column))
+        return out if dtype is None else out.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"LazyArray({self.column.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+def iter_rows(
+    cols: tuple[Column, ...],
+    batch_size: int,
+    *,
+    shuffle: bool,
+    seed: int | None,
+    drop_last: bool,
+    start: int,
+) -> Iterator[tuple[np.ndarray, ...]]:
+    """Batches of rows of ``cols`` together (see ``Capture.iter_batches``)."""
+    n = len(cols[0])
+    order = np.random.default_rng(seed).permutation(n) if shuffle else None
+    stop = n - n % batch_size if drop_last else n
+    for lo in range(start * batch_size, stop, batch_size):
+        hi = min(lo + batch_size, stop)
+        if order is None:
+            yield tuple(c.slice(lo, hi) for c in cols)
+        else:
+            # Sorted within the batch: neighbouring rows share pages.
+            rows = np.sort(order[lo:hi])
+            yield tuple(c.take(rows) for c in cols)
+
+
+def convert(array: np.ndarray, fmt: str) -> Any:
+    """``array`` as numpy, a torch tensor or a JAX array."""
+    if fmt == "numpy":
+        return array
+    if fmt == "torch":
+        import torch
+
+        if array.dtype.name == "bfloat16":
+            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(array)
+    import jax.numpy as jnp
+
+    return jnp.asarray(array)
+
+
+def check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}; got {fmt!r}")
+
+
+def names_of(names: str | Sequence[str]) -> tuple[tuple[str, ...], bool]:
+    """The names asked for, and whether a single name (not a list) was given."""
+    if isinstance(names, str):
+        return (names,), True
+    if isinstance(names, Sequence) and names and all(isinstance(n, str) for n in names):
+        return tuple(names), False
+    raise TypeError(f"names must be a point name or a non-empty list of them; got {names!r}")
