@@ -40,8 +40,8 @@ from clouseau.store.writer import (
     FORMAT,
     GRAPH_PATTERN,
     STATUS_FILE,
-    _check_pattern,
-    _max_bytes,
+    check_pattern,
+    max_bytes,
 )
 
 Forward = Callable[[Any, Any], Any]
@@ -128,8 +128,8 @@ def record(
     check_select(select)
     if select is None:
         raise ValueError("select=None records nothing; select points, e.g. select='h.*'")
-    _max_bytes(max_size_mb)
-    _check_pattern(filename_pattern)
+    max_bytes(max_size_mb)
+    check_pattern(filename_pattern)
     layout = Layout.make(rows, mask, fields)
     stat_globs = _globs(stats, "stats")
     frontend = frontend_for(model)
@@ -174,7 +174,7 @@ class _Recorder:
     ) -> None:
         self.root, self.layout, self.identity, self.on_error = root, layout, run, on_error
         self.stat_globs, self.forward, self.bar = stat_globs, forward, bar
-        self.max_bytes = _max_bytes(max_size_mb)
+        self.max_bytes = max_bytes(max_size_mb)
         self.pattern = filename_pattern
         self.done: list[Batch] = list(previous.batches) if previous else []
         self.files: list[str] = list(previous.files) if previous else []

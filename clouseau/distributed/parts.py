@@ -25,13 +25,11 @@ from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
 from clouseau.ir.sink import SavedValue
 from clouseau.store.capture import Capture, Entry
+from clouseau.store.directory import DEFAULT_PATTERN, STATUS_FILE
+from clouseau.store.files import write_json
+from clouseau.store.lock import DirectoryLock
 from clouseau.store.reader import load
-from clouseau.store.writer import (
-    DEFAULT_PATTERN,
-    STATUS_FILE,
-    DirectorySink,
-    _write_json,
-)
+from clouseau.store.writer import DirectorySink
 
 MANIFEST = "manifest.json"
 PART_FILE = "part.json"
@@ -91,13 +89,21 @@ class PartSink:
         if self.root.exists() and not self.root.is_dir():
             raise CaptureError(f"the capture path {self.root} is a file; pass a directory")
         self.root.mkdir(parents=True, exist_ok=True)
-        if group.rank == 0:
-            _remove_stale_parts(self.root, group.world_size)
-            _write_manifest(self.root, group, None)
+        # Rank 0 holds the lock of the whole capture (a second run is refused before it
+        # touches anything), every rank the lock of its part (taken by its DirectorySink).
+        self._lock = DirectoryLock(self.root) if group.rank == 0 else None
         self.part = self.root / part_name(group.rank)
-        self.inner = DirectorySink(self.part, max_size_mb, filename_pattern)
-        about = {"format": FORMAT, "engine": group.engine, "rank": group.rank}
-        _write_json(self.part / PART_FILE, {**about, "world_size": group.world_size})
+        try:
+            self.inner = DirectorySink(self.part, max_size_mb, filename_pattern)
+            if group.rank == 0:
+                _remove_stale_parts(self.root, group.world_size)
+                _write_manifest(self.root, group, None)
+            about = {"format": FORMAT, "engine": group.engine, "rank": group.rank}
+            about["world_size"] = group.world_size
+            write_json(self.part / PART_FILE, about, replace=True)
+        except BaseException:
+            self._release()
+            raise
         self._closed = False
         # Called once the part is complete on disk and once the manifest is (an uploader
         # publishes them there).
@@ -139,12 +145,17 @@ class PartSink:
         self.inner.flush()
         return load(self.part)
 
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+
     def _finish(self) -> None:
         summary = part_summary(self.part, self.group.rank)
         self.publish()
         try:
             summaries = self.group.gather(summary)
         except Exception as err:  # a rank died or the group is gone: the manifest stays
+            self._release()
             warnings.warn(
                 f"clouseau: the manifest of {self.root} stays incomplete: gathering the parts "
                 f"failed ({type(err).__name__}: {err})",
@@ -155,6 +166,7 @@ class PartSink:
         if self.group.rank == 0:
             _write_manifest(self.root, self.group, list(summaries))
             self.publish()
+            self._release()
 
 
 def _nothing() -> None:
@@ -187,7 +199,7 @@ def _write_manifest(root: Path, group: Group, parts: list[Any] | None) -> None:
         "complete": parts is not None,
         "parts": parts if parts is not None else [],
     }
-    _write_json(root / MANIFEST, manifest)
+    write_json(root / MANIFEST, manifest, replace=True)
 
 
 def _remove_stale_parts(root: Path, world_size: int) -> None:
@@ -202,7 +214,7 @@ def is_parted(path: Path) -> bool:
     """Whether ``path`` is a capture written in parts (a manifest, or ``rank-*`` parts)."""
     if (path / MANIFEST).is_file():
         return True
-    return path.is_dir() and any(_PART.fullmatch(c.name) and c.is_dir() for c in path.iterdir())
+    return any(_PART.fullmatch(c.name) and c.is_dir() for c in path.iterdir())
 
 
 class PartedCapture(Capture):
@@ -232,8 +244,9 @@ class PartedCapture(Capture):
         world_size: int,
         missing_ranks: tuple[int, ...],
         ranks: Mapping[int, int],
+        **store: Any,
     ) -> None:
-        super().__init__(entries, graphs, failed_calls, path)
+        super().__init__(entries, graphs, failed_calls, path, **store)
         self.world_size = world_size
         self.missing_ranks = missing_ranks
         self.ranks: Mapping[int, int] = MappingProxyType(dict(ranks))
@@ -250,14 +263,15 @@ class PartedCapture(Capture):
         return f"{super().__repr__()[:-1]} from {self.world_size} processes{missing}>"
 
 
-def load_parts(root: Path) -> PartedCapture:
+def load_parts(root: Path, strict: bool = False) -> PartedCapture:
     """Read every part of ``root`` as one capture (``clouseau.load`` calls this).
 
     Raises
     ------
     CaptureError
         The manifest disagrees with the parts on disk (a part it lists is absent or holds
-        other files or calls, a part it does not list is present), or is damaged.
+        other files or calls, a part it does not list is present), or is damaged; with
+        ``strict``, a damaged file in a part.
     """
     manifest = _read_manifest(root)
     on_disk = sorted(c.name for c in root.iterdir() if _PART.fullmatch(c.name) and c.is_dir())
@@ -271,39 +285,67 @@ def load_parts(root: Path) -> PartedCapture:
         )
     complete = bool(manifest and manifest["complete"])
     expected = _expected_parts(root, manifest) if complete else {}
-    from clouseau.distributed.shards import assemble
-
-    entries, graphs, failed, ranks, missing = [], [], {}, {}, []
+    merged = _Merged()
     for name, rank in listed.items():
         part = root / name
         if not _part_finished(root, part, rank, world, expected.get(name)):
-            missing.append(rank)
-        if not (part / STATUS_FILE).is_file():
-            continue
-        cap = load(part)
-        offset = len(graphs)
-        graphs.extend(cap.graphs)
-        for entry in cap.entries:
-            record = replace(entry.record, graph=entry.record.graph + offset)
-            entries.append(Entry(record, entry.load))
-            ranks.setdefault(record.call, rank)
-        failed.update(cap.failed_calls)
-    if missing:
+            merged.missing.append(rank)
+        if (part / STATUS_FILE).is_file() or _visible_files(part):
+            merged.add(rank, load(part, strict=strict))
+    if merged.missing:
         warnings.warn(
-            f"clouseau: {root} is incomplete: rank(s) {missing} of {world} did not finish; "
-            "the capture holds what the others (and the complete files of those) wrote",
+            f"clouseau: {root} is incomplete: rank(s) {merged.missing} of {world} did not "
+            "finish; the capture holds what the others (and the complete files of those) wrote",
             IncompleteCaptureWarning,
             stacklevel=3,
         )
-    return PartedCapture(
-        assemble(tuple(entries)),
-        tuple(graphs),
-        failed,
-        root,
-        world_size=world,
-        missing_ranks=tuple(missing),
-        ranks=ranks,
-    )
+    return merged.capture(root, world, closed=complete and not merged.missing)
+
+
+class _Merged:
+    """The parts read so far: entries with graph ids made global, and what each says."""
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self.graphs: list[Graph] = []
+        self.failed: dict[int, str] = {}
+        self.partial: dict[int, str] = {}
+        self.damaged: dict[str, str] = {}
+        self.ranks: dict[int, int] = {}
+        self.missing: list[int] = []
+        self.calls_made = 0
+
+    def add(self, rank: int, cap: Capture) -> None:
+        from clouseau.distributed.shards import entries_of
+
+        offset = len(self.graphs)
+        self.graphs.extend(cap.graphs)
+        for entry in entries_of(cap):
+            record = replace(entry.record, graph=entry.record.graph + offset)
+            self.entries.append(Entry(record, entry.load))
+            self.ranks.setdefault(record.call, rank)
+        self.failed.update(cap.failed_calls)
+        self.partial.update(cap.partial_calls)
+        name = part_name(rank)
+        self.damaged.update({f"{name}/{k}": v for k, v in cap.damaged.items()})
+        self.calls_made = max(self.calls_made, max(cap.calls, default=-1) + 1)
+
+    def capture(self, root: Path, world: int, closed: bool) -> PartedCapture:
+        from clouseau.distributed.shards import assemble
+
+        return PartedCapture(
+            assemble(tuple(self.entries)),
+            tuple(self.graphs),
+            self.failed,
+            root,
+            world_size=world,
+            missing_ranks=tuple(self.missing),
+            ranks=self.ranks,
+            partial_calls=self.partial,
+            damaged=self.damaged,
+            calls_made=self.calls_made,
+            closed=closed,
+        )
 
 
 def _world_from_parts(root: Path, names: list[str]) -> int:

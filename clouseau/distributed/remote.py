@@ -196,7 +196,7 @@ def _protocols(fs: Any) -> tuple[str, ...]:
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
-def load_url(url: str) -> Capture:
+def load_url(url: str, strict: bool = False) -> Capture:
     """``clouseau.load`` of an fsspec URL: the capture is downloaded to a local cache first."""
     from clouseau.store.reader import load
 
@@ -205,6 +205,6 @@ def load_url(url: str) -> Capture:
         raise CaptureError(f"{url} does not exist; pass the path given to clouseau.instrument")
     local = Path(tempfile.mkdtemp(prefix="clouseau-download-"))
     fs.get(f"{root}/", f"{local}/", recursive=True)
-    capture = load(local)
+    capture = load(local, strict=strict)
     weakref.finalize(capture, shutil.rmtree, local, True)
     return capture

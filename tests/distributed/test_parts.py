@@ -16,7 +16,7 @@ from clouseau.distributed.parts import part_summary
 from tests.distributed import workload
 
 
-def _rank(path, rank: int, *, close: bool = True, peer_died: bool = False) -> None:
+def _rank(path, rank: int, *, close: bool = True, peer_died: bool = False):
     """Rank ``rank`` of 2 over its batches ``rank::2``; rank 0 runs last (it gathers)."""
 
     def gather(summary: object) -> list[object]:
@@ -34,6 +34,7 @@ def _rank(path, rank: int, *, close: bool = True, peer_died: bool = False) -> No
         fmodel.close()
     else:
         fmodel.flush()
+    return fmodel  # a process that died never closes: the caller keeps it open
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ def test_one_part_loads_alone_with_its_global_calls(parted) -> None:
 
 
 def test_a_part_that_never_closed_is_reported(tmp_path) -> None:
-    _rank(tmp_path, 1, close=False)
+    dead = _rank(tmp_path, 1, close=False)
     with pytest.warns(IncompleteCaptureWarning, match="manifest of .* stays incomplete"):
         _rank(tmp_path, 0, peer_died=True)
     with pytest.warns(IncompleteCaptureWarning, match=r"rank\(s\) \[1\] of 2"):
@@ -69,13 +70,16 @@ def test_a_part_that_never_closed_is_reported(tmp_path) -> None:
     assert cap.calls == tuple(range(workload.BATCHES))  # what rank 1 flushed is usable
     eager = workload.eager_points()
     np.testing.assert_allclose(cap.get("fc1", call=3), eager[3]["fc1"].numpy(), rtol=1e-6)
+    assert not cap.closed
+    dead.close()
 
 
 def test_parts_without_a_manifest_load_with_a_warning(tmp_path) -> None:
-    _rank(tmp_path, 1, close=False)
+    dead = _rank(tmp_path, 1, close=False)
     with pytest.warns(IncompleteCaptureWarning, match=r"rank\(s\) \[0, 1\] of 2"):
         cap = clouseau.load(tmp_path)
     assert cap.calls == (1, 3, 5)
+    dead.close()
 
 
 def test_a_file_missing_from_a_part_is_a_capture_error(parted) -> None:
@@ -119,3 +123,14 @@ def test_a_new_run_with_fewer_ranks_removes_the_old_parts(parted) -> None:
         fmodel(workload.batches()[0])
     assert not (parted / "rank-00001").exists()
     assert clouseau.load(parted).calls == (0,)
+
+
+def test_two_runs_on_one_path_are_refused(tmp_path) -> None:
+    def alone(summary: object) -> list[object]:
+        return [summary]
+
+    first = open_sink(tmp_path, group=Group("test", 0, 1, alone))
+    with pytest.raises(clouseau.CaptureError, match="written by"):
+        open_sink(tmp_path, group=Group("test", 0, 1, alone))
+    first.close()
+    open_sink(tmp_path, group=Group("test", 0, 1, alone)).close()
