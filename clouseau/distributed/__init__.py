@@ -73,9 +73,10 @@ def open_sink(
         if group is None:
             return _open_local_sink(path, max_size_mb, filename_pattern)
         return PartSink(Path(path), group, max_size_mb, filename_pattern)
-    from clouseau.distributed.remote import RemoteSink, staging_directory
+    from clouseau.distributed.remote import RemoteSink, filesystem, staging_directory
 
     url = str(path).rstrip("/")
+    filesystem(url)  # a bad URL fails before anything is created
     local = staging_directory()
     inner = (
         DirectorySink(local, max_size_mb, filename_pattern)

@@ -32,15 +32,19 @@ def staging_directory() -> Path:
     return Path(tempfile.mkdtemp(prefix="clouseau-upload-"))
 
 
-def _filesystem(url: str) -> tuple[Any, str]:
+def filesystem(url: str) -> tuple[Any, str]:
+    """The fsspec file system of ``url`` and the path in it; CaptureError naming the fix."""
     try:
         import fsspec
     except ImportError:
         raise MissingExtraError("fsspec", "fsspec") from None
     try:
         fs, root = fsspec.core.url_to_fs(url)
-    except ImportError as err:  # s3fs, gcsfs: fsspec names the package
-        raise CaptureError(f"cannot write to {url}: {err}") from None
+    except (ImportError, ValueError) as err:  # s3fs, gcsfs: fsspec names the package
+        raise CaptureError(
+            f"cannot use {url}: {err}; pass a local path or an fsspec URL whose file system "
+            "is installed (s3:// needs pip install 'clouseau[s3]')"
+        ) from None
     return fs, root.rstrip("/")
 
 
@@ -61,7 +65,7 @@ class RemoteSink:
 
     def __init__(self, inner: Any, local: Path, url: str, group: Group | None) -> None:
         self.inner, self.local, self.url = inner, Path(local), url
-        self.fs, self.root = _filesystem(url)
+        self.fs, self.root = filesystem(url)
         self._atomic = bool(set(_protocols(self.fs)) & _ATOMIC_PUT)
         self._uploaded: dict[str, tuple[int, int]] = {}
         self._error: BaseException | None = None
@@ -200,7 +204,7 @@ def load_url(url: str, strict: bool = False) -> Capture:
     """``clouseau.load`` of an fsspec URL: the capture is downloaded to a local cache first."""
     from clouseau.store.reader import load
 
-    fs, root = _filesystem(url)
+    fs, root = filesystem(url)
     if not fs.exists(root):
         raise CaptureError(f"{url} does not exist; pass the path given to clouseau.instrument")
     local = Path(tempfile.mkdtemp(prefix="clouseau-download-"))
