@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +11,7 @@ import torch
 import clouseau
 from clouseau.distributed import IncompleteCaptureWarning, PartedCapture
 from tests.distributed import workload
-from tests.distributed.launch import torchrun
+from tests.distributed.launch import run, torchrun
 
 pytestmark = pytest.mark.slow
 WORKER = "tests/distributed/_torchrun_worker.py"
@@ -51,3 +53,17 @@ def test_a_dead_rank_is_reported_and_the_rest_is_usable(tmp_path) -> None:
     assert merged.calls == (0, 1, 2, 4)
     for call in merged.calls:
         np.testing.assert_allclose(merged.get("fc1", call=call), eager[call]["fc1"].numpy())
+
+
+def test_the_example_script_runs_as_documented(tmp_path) -> None:
+    sizes = ["--batches", "6", "--batch-size", "4", "--width", "16"]
+    example = "examples/record_torchrun.py"
+    done = torchrun(example, str(tmp_path / "ranks"), "--fsdp", *sizes)
+    assert done.returncode == 0, done.stdout[-4000:]
+    single = run([sys.executable, example, str(tmp_path / "one"), *sizes], timeout=120)
+    assert single.returncode == 0, single.stdout[-4000:]
+    ranks, one = clouseau.load(tmp_path / "ranks"), clouseau.load(tmp_path / "one")
+    assert ranks.calls == one.calls == tuple(range(6)) and ranks.names() == one.names()
+    for name in one.names():
+        for call in one.calls:
+            np.testing.assert_allclose(ranks.get(name, call=call), one.get(name, call=call))
