@@ -14,7 +14,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from clouseau.distributed.parts import Group, IncompleteCaptureWarning, PartedCapture, PartSink
+from clouseau.distributed.parts import (
+    Group,
+    IncompleteCaptureWarning,
+    PartedCapture,
+    PartSink,
+    RecordPart,
+)
 from clouseau.store import open_sink as _open_local_sink
 from clouseau.store.writer import DEFAULT_PATTERN, DirectorySink
 
@@ -29,6 +35,12 @@ def current_group() -> Group | None:
     from clouseau.distributed._jax import jax_group
 
     return jax_group()
+
+
+def record_part(root: Path) -> RecordPart | None:
+    """This rank's part of a ``clouseau.record`` run, or None when the process runs alone."""
+    group = current_group()
+    return None if group is None else RecordPart(root, group)
 
 
 def adapt_to_engine(model: Any, fmodel: Any) -> None:
@@ -95,4 +107,5 @@ __all__ = [
     "current_group",
     "is_url",
     "open_sink",
+    "record_part",
 ]

@@ -173,15 +173,55 @@ def _nothing() -> None:
     pass
 
 
+class RecordPart:
+    """One rank's part of a ``clouseau.record`` run under a process group.
+
+    ``record`` writes (and resumes) its own capture in ``path``; its calls are the rank's
+    batches ``0, 1, 2...``, which the reader numbers ``k * world_size + rank`` (the rank's
+    share is every ``world_size``-th batch). :meth:`finish` is the gather and the manifest.
+    """
+
+    def __init__(self, root: Path, group: Group) -> None:
+        self.root, self.group = Path(root).absolute(), group
+        self.root.mkdir(parents=True, exist_ok=True)
+        if group.rank == 0:
+            _remove_stale_parts(self.root, group.world_size)
+            _write_manifest(self.root, group, None)
+        self.path = self.root / part_name(group.rank)
+        self.path.mkdir(exist_ok=True)
+        self.about = {"format": FORMAT, "engine": group.engine, "rank": group.rank}
+        self.about |= {"world_size": group.world_size, "calls": "local"}
+        write_json(self.path / PART_FILE, self.about, replace=True)
+
+    def finish(self) -> None:
+        """Every rank has recorded its share: rank 0 writes the complete manifest."""
+        # record's own status may be that of an interrupted run this one resumed (and
+        # found done): the part says itself that it is finished, and how many batches.
+        done = {"finished": True, "recorded": len(load(self.path).calls)}
+        write_json(self.path / PART_FILE, self.about | done, replace=True)
+        summaries = self.group.gather(part_summary(self.path, self.group.rank))
+        if self.group.rank == 0:
+            _write_manifest(self.root, self.group, list(summaries))
+
+
 def part_summary(part: Path, rank: int) -> dict[str, Any]:
     """What the manifest records of a closed part: its files and its call count."""
-    status = _read_json(part / STATUS_FILE)
-    return {
-        "name": part.name,
-        "rank": rank,
-        "files": _visible_files(part),
-        "calls": int(status.get("calls", 0)),
-    }
+    return {"name": part.name, "rank": rank, "files": _visible_files(part), "calls": _calls(part)}
+
+
+def _calls(part: Path) -> int:
+    about = _read_json(part / PART_FILE)
+    if about.get("calls") == "local":
+        calls = about.get("recorded", 0)
+    else:
+        calls = _read_json(part / STATUS_FILE).get("calls", 0)
+    return calls if isinstance(calls, int) else 0
+
+
+def _closed(part: Path, about: Mapping[str, Any]) -> bool:
+    if about.get("calls") == "local":
+        return about.get("finished") is True
+    return _read_json(part / STATUS_FILE).get("closed") is True
 
 
 def _visible_files(part: Path) -> list[str]:
@@ -291,7 +331,9 @@ def load_parts(root: Path, strict: bool = False) -> PartedCapture:
         if not _part_finished(root, part, rank, world, expected.get(name)):
             merged.missing.append(rank)
         if (part / STATUS_FILE).is_file() or _visible_files(part):
-            merged.add(rank, load(part, strict=strict))
+            local = _read_json(part / PART_FILE).get("calls") == "local"
+            renumber = _Renumber(world, rank) if local else None
+            merged.add(rank, load(part, strict=strict), renumber)
     if merged.missing:
         warnings.warn(
             f"clouseau: {root} is incomplete: rank(s) {merged.missing} of {world} did not "
@@ -300,6 +342,17 @@ def load_parts(root: Path, strict: bool = False) -> PartedCapture:
             stacklevel=3,
         )
     return merged.capture(root, world, closed=complete and not merged.missing)
+
+
+@dataclass(frozen=True)
+class _Renumber:
+    """A part's local call ``k`` is global call ``k * world + rank``."""
+
+    world: int
+    rank: int
+
+    def __call__(self, call: int) -> int:
+        return call * self.world + self.rank
 
 
 class _Merged:
@@ -315,17 +368,19 @@ class _Merged:
         self.missing: list[int] = []
         self.calls_made = 0
 
-    def add(self, rank: int, cap: Capture) -> None:
+    def add(self, rank: int, cap: Capture, renumber: _Renumber | None) -> None:
         from clouseau.distributed.shards import entries_of
 
         offset = len(self.graphs)
+        glob = renumber or (lambda call: call)
         self.graphs.extend(cap.graphs)
         for entry in entries_of(cap):
-            record = replace(entry.record, graph=entry.record.graph + offset)
+            old = entry.record
+            record = replace(old, call=glob(old.call), graph=old.graph + offset)
             self.entries.append(Entry(record, entry.load))
             self.ranks.setdefault(record.call, rank)
-        self.failed.update(cap.failed_calls)
-        self.partial.update(cap.partial_calls)
+        self.failed.update({glob(c): why for c, why in cap.failed_calls.items()})
+        self.partial.update({glob(c): why for c, why in cap.partial_calls.items()})
         name = part_name(rank)
         self.damaged.update({f"{name}/{k}": v for k, v in cap.damaged.items()})
         self.calls_made = max(self.calls_made, max(cap.calls, default=-1) + 1)
@@ -380,10 +435,10 @@ def _part_finished(
             f"but the manifest expects rank {rank} of {world}: parts of different runs are "
             "mixed; record again into an empty path"
         )
-    closed = bool(_read_json(part / STATUS_FILE).get("closed")) if about else False
+    closed = _closed(part, about) if about else False
     if expected is None:
         return closed
-    files, calls = _visible_files(part), _read_json(part / STATUS_FILE).get("calls")
+    files, calls = _visible_files(part), _calls(part)
     if not closed or files != list(expected["files"]) or calls != expected["calls"]:
         raise CaptureError(
             f"{root / MANIFEST} disagrees with {part.name}: it lists {expected['calls']} "

@@ -67,3 +67,28 @@ def test_the_example_script_runs_as_documented(tmp_path) -> None:
     for name in one.names():
         for call in one.calls:
             np.testing.assert_allclose(ranks.get(name, call=call), one.get(name, call=call))
+
+
+def test_record_killed_on_one_rank_then_resumed_equals_one_process(tmp_path) -> None:
+    worker = "tests/distributed/_record_worker.py"
+    died = torchrun(worker, str(tmp_path / "run"), "2")
+    assert died.returncode != 0
+    resumed = torchrun(worker, str(tmp_path / "run"), "resume")
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    merged = clouseau.load(tmp_path / "run")
+    single = clouseau.record(
+        workload.model(),
+        workload.batches(),
+        select=workload.SELECT,
+        path=tmp_path / "single",
+        progress=False,
+    )
+    assert merged.missing_ranks == () and merged.closed
+    assert merged.calls == single.calls == tuple(range(workload.BATCHES))
+    assert [merged.rank(c) for c in merged.calls] == [0, 1, 0, 1, 0, 1]
+    eager = workload.eager_points()
+    for call in merged.calls:
+        for name in workload.SELECT:
+            assert len(merged.entries) == len(single.entries)  # nothing duplicated
+            np.testing.assert_array_equal(merged.get(name, call=call), single.get(name, call=call))
+            np.testing.assert_allclose(merged.get(name, call=call), eager[call][name].numpy())
