@@ -23,7 +23,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
 
@@ -46,7 +46,8 @@ from clouseau.store.directory import (
     read_status,
     remove_previous,
 )
-from clouseau.store.files import temp_file, write_json
+from clouseau.store.files import write_json
+from clouseau.store.jobs import Item, Job, metadata, probe, span
 from clouseau.store.lock import DirectoryLock
 from clouseau.store.memory import Calls, MemorySink, check_saved_dtypes, describe
 from clouseau.store.safetensors_io import entry_cost, header_overhead, write_file
@@ -55,21 +56,6 @@ __all__ = ["DEFAULT_PATTERN", "FLUSH_S", "FORMAT", "GRAPH_PATTERN", "STATUS_FILE
 __all__ += ["DirectorySink", "MemorySink"]
 
 FLUSH_S = 2.0  # the default bound, in seconds, on what a crash can lose
-
-
-@dataclass(frozen=True)
-class _Job:
-    """One file to write: its final path, its arrays with their records, and its calls."""
-
-    path: Path
-    items: tuple[_Item, ...]
-    open: tuple[int, ...]  # calls with values in this file that had not ended when cut
-    done: tuple[int, ...]  # calls open in an earlier file that have ended since
-    calls: frozenset[int]
-
-
-# A buffered array: its record, the array, and the record already encoded as JSON.
-_Item = tuple[Record, np.ndarray, str]
 
 
 class DirectorySink:
@@ -166,14 +152,14 @@ class _Core:
             ) from None
         try:
             check_clashes(path, names)
-            _probe(path)
+            probe(path)
         except BaseException:
             self._dirlock.release()
             raise
         self._calls = Calls()
         self._started = self._forked = False
-        self._overhead = header_overhead(_metadata("[]", (), ()))
-        self._buffer: list[_Item] = []
+        self._overhead = header_overhead(metadata("[]", (), ()))
+        self._buffer: list[Item] = []
         self._buffer_bytes = self._overhead
         self._buffer_keys: set[str] = set()
         self._buffer_calls: set[int] = set()
@@ -191,7 +177,7 @@ class _Core:
         self._error: BaseException | None = None
         self._unwritten: set[int] = set()  # the calls of files that failed to be written
         self._cv = threading.Condition()
-        self._job: _Job | None = None
+        self._job: Job | None = None
         self._stopping = False
         self._thread = threading.Thread(
             target=self._write_loop, name=f"clouseau-writer:{path}", daemon=True
@@ -250,13 +236,17 @@ class _Core:
                 self._buffer.append((record, array, encoded))
                 self._buffer_keys.add(record.key)
                 self._buffer_bytes += cost
-            if time.monotonic() - self._buffer_since > self.flush_s:
+            # Calls are cut at their end (end_call) once the buffer is flush_s old; a
+            # call that runs longer than that is cut inside, as marked open.
+            if time.monotonic() - self._buffer_since > 2 * self.flush_s:
                 self._submit()
             self._raise_writer_error()
 
     def end_call(self, call: int) -> None:
         with self._calls.lock:
             self._ended(call)
+            if self._buffer and time.monotonic() - self._buffer_since > self.flush_s:
+                self._submit()
 
     def fail_call(self, call: int, error: BaseException) -> None:
         if self._forked:
@@ -353,7 +343,7 @@ class _Core:
         entry = entry_cost(record.key, array.dtype, array.shape, self.max_bytes)
         return array.nbytes + escaped + entry
 
-    def _cut(self) -> _Job | None:
+    def _cut(self) -> Job | None:
         """The buffer as a job for the next file (None if empty, or if the capture stopped);
         the buffer starts afresh."""
         if not self._buffer or self._error is not None:
@@ -368,7 +358,7 @@ class _Core:
         done = tuple(sorted(self._done_pending))
         self._done.update(done)
         calls = frozenset(self._buffer_calls)
-        job = _Job(self.path / name, tuple(self._buffer), open_calls, done, calls)
+        job = Job(self.path / name, tuple(self._buffer), open_calls, done, calls)
         self._file_index += 1
         self._buffer, self._buffer_keys, self._buffer_calls = [], set(), set()
         self._buffer_bytes = self._overhead
@@ -401,7 +391,7 @@ class _Core:
             self._job = job
             self._cv.notify_all()
 
-    def _run(self, job: _Job, *, in_writer: bool = False) -> None:
+    def _run(self, job: Job, *, in_writer: bool = False) -> None:
         # A job handed over before an error elsewhere is still written: its calls are
         # whole, and writing them loses nothing.
         try:
@@ -443,8 +433,11 @@ class _Core:
         """An idle writer thread writes a buffer older than ``flush_s``, and the status."""
         if self._calls.closed or self._forked:
             return
-        old = self._buffer and time.monotonic() - self._buffer_since > self.flush_s
-        # A caller that holds the lock checks the buffer's age in its own put.
+        age = time.monotonic() - self._buffer_since if self._buffer else 0.0
+        # A call still running is left to its end_call (which cuts then), unless it runs
+        # long; a caller that holds the lock checks the age itself.
+        running = bool(self._buffer_calls & self._active)
+        old = age > 2 * self.flush_s or (age > self.flush_s and not running)
         if old and self._calls.lock.acquire(timeout=0.05):
             try:
                 if not self._calls.closed:
@@ -453,7 +446,7 @@ class _Core:
                 self._calls.lock.release()
         self._write_status()
 
-    def _failed(self, err: BaseException, job: _Job | None) -> None:
+    def _failed(self, err: BaseException, job: Job | None) -> None:
         # Either thread; the first error is the one reported, every failed job's calls
         # are lost.
         with self._cv:
@@ -479,7 +472,7 @@ class _Core:
             self._calls.stopped = (
                 f"writing the capture to {self.path} failed: {err}. The capture stopped: "
                 "nothing more is written (this call and every later one raise this error); "
-                f"call(s) {_span(lost)} are not on disk; the files written before are "
+                f"call(s) {span(lost)} are not on disk; the files written before are "
                 "complete and load with clouseau.load. Create a new instrumented model "
                 "to capture again"
             )
@@ -516,38 +509,10 @@ class _Core:
                     self._error = CaptureError(f"cannot write {STATUS_FILE}: {err.strerror or err}")
 
 
-def _metadata(records: str, open_calls: Sequence[int], done: Sequence[int]) -> dict[str, str]:
-    return {
-        "format": FORMAT,
-        "clouseau": records,
-        "open": "[" + ",".join(map(str, open_calls)) + "]",
-        "done": "[" + ",".join(map(str, done)) + "]",
-    }
-
-
-def _write_job(job: _Job) -> None:
+def _write_job(job: Job) -> None:
     records = "[" + ",".join(e for _, _, e in job.items) + "]"
     arrays = [(r.key, a) for r, a, _ in job.items]
-    write_file(job.path, arrays, _metadata(records, job.open, job.done), True)
-
-
-def _probe(path: Path) -> None:
-    try:
-        fd, probe = temp_file(path, "clouseau-probe")
-        os.close(fd)
-        probe.unlink()
-    except OSError as err:
-        raise CaptureError(
-            f"cannot write to the capture path {path}: {err.strerror or err}; "
-            "pass a writable directory"
-        ) from None
-
-
-def _span(calls: set[int]) -> str:
-    ordered = sorted(calls)
-    if not ordered:
-        return "(none)"
-    return ", ".join(map(str, ordered)) if len(ordered) <= 5 else f"{ordered[0]}..{ordered[-1]}"
+    write_file(job.path, arrays, metadata(records, job.open, job.done), True)
 
 
 _LIVE: weakref.WeakSet[_Core] = weakref.WeakSet()
