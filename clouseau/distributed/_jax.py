@@ -1,42 +1,33 @@
-"""Multi-process JAX (``jax.distributed.initialize``) as a :class:`Group`.
+"""Multi-process JAX (``jax.distributed.initialize``): detected, and refused for now.
 
-Every process runs every call of the model on its own shards (multi-controller SPMD), so
-calls keep their numbers and each process writes the shards it holds.
+In JAX's multi-controller runtime every process runs every call on its own shards, so a
+capture would need each process to write the shards it holds of a globally sharded
+array (and the reader to reassemble them). That is not built yet: rather than write every
+value once per process, or fail inside ``device_get`` on an array no process holds
+whole, an instrumented model with a path refuses to start, naming the way around it.
 """
 
 from __future__ import annotations
 
-import json
 import sys
-from collections.abc import Sequence
-from itertools import count
 
 from clouseau.distributed.parts import Group
-
-_GATHERS = count()
+from clouseau.ir.errors import CaptureError
 
 
 def jax_group() -> Group | None:
-    """This process's group when ``jax.distributed`` is initialized, else None."""
+    """None when ``jax.distributed`` is not initialized; CaptureError when it is."""
     if "jax" not in sys.modules:
         return None
-    from clouseau.capture.jax._compat import distributed_client
-
-    client = distributed_client()
-    if client is None:
+    try:
+        from clouseau.capture.jax._compat import distributed_client
+    except ImportError:  # JAX without the frontend's extras: no JAX model to capture
         return None
-    import jax
-
-    rank, world = jax.process_index(), jax.process_count()
-
-    def gather(summary: object) -> Sequence[object]:
-        # Through the coordination service's key-value store: no device collective, so a
-        # process whose devices are busy or gone still answers.
-        key = f"clouseau/gather/{next(_GATHERS)}"
-        client.key_value_set(f"{key}/{rank}", json.dumps(summary))
-        client.wait_at_barrier(f"{key}/barrier", 600_000)
-        return [
-            json.loads(client.blocking_key_value_get(f"{key}/{r}", 600_000)) for r in range(world)
-        ]
-
-    return Group("jax.distributed", rank, world, gather, interleave=False)
+    if distributed_client() is None:
+        return None
+    raise CaptureError(
+        "clouseau cannot write a capture from several JAX processes yet "
+        "(jax.distributed is initialized): capture in one process, or pass path=None "
+        "and save what you need from jax.experimental.multihost_utils.process_allgather "
+        "of the values; see docs/distributed.md"
+    )
