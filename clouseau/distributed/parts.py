@@ -100,6 +100,8 @@ class PartSink:
                 _write_manifest(self.root, group, None)
             about = {"format": FORMAT, "engine": group.engine, "rank": group.rank}
             about["world_size"] = group.world_size
+            # The part numbers its calls 0, 1, 2...; the reader makes them global.
+            about["numbering"] = "local" if group.interleave else "global"
             write_json(self.part / PART_FILE, about, replace=True)
         except BaseException:
             self._release()
@@ -113,10 +115,7 @@ class PartSink:
         return self.inner.add_graph(graph)
 
     def begin_call(self) -> int:
-        local = self.inner.begin_call()
-        if not self.group.interleave:
-            return local
-        return local * self.group.world_size + self.group.rank
+        return self.inner.begin_call()
 
     def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
         self.inner.put(call, graph_id, values)
@@ -190,7 +189,7 @@ class RecordPart:
         self.path = self.root / part_name(group.rank)
         self.path.mkdir(exist_ok=True)
         self.about = {"format": FORMAT, "engine": group.engine, "rank": group.rank}
-        self.about |= {"world_size": group.world_size, "calls": "local"}
+        self.about |= {"world_size": group.world_size, "numbering": "local", "kind": "record"}
         write_json(self.path / PART_FILE, self.about, replace=True)
 
     def finish(self) -> None:
@@ -211,7 +210,7 @@ def part_summary(part: Path, rank: int) -> dict[str, Any]:
 
 def _calls(part: Path) -> int:
     about = _read_json(part / PART_FILE)
-    if about.get("calls") == "local":
+    if about.get("kind") == "record":
         calls = about.get("recorded", 0)
     else:
         calls = _read_json(part / STATUS_FILE).get("calls", 0)
@@ -219,7 +218,7 @@ def _calls(part: Path) -> int:
 
 
 def _closed(part: Path, about: Mapping[str, Any]) -> bool:
-    if about.get("calls") == "local":
+    if about.get("kind") == "record":
         return about.get("finished") is True
     return _read_json(part / STATUS_FILE).get("closed") is True
 
@@ -331,9 +330,10 @@ def load_parts(root: Path, strict: bool = False) -> PartedCapture:
         if not _part_finished(root, part, rank, world, expected.get(name)):
             merged.missing.append(rank)
         if (part / STATUS_FILE).is_file() or _visible_files(part):
-            local = _read_json(part / PART_FILE).get("calls") == "local"
+            local = _read_json(part / PART_FILE).get("numbering") == "local"
             renumber = _Renumber(world, rank) if local else None
-            merged.add(rank, load(part, strict=strict), renumber)
+            keep = expected.get(name, {}).get("calls_kept")
+            merged.add(rank, load(part, strict=strict), renumber, keep)
     if merged.missing:
         warnings.warn(
             f"clouseau: {root} is incomplete: rank(s) {merged.missing} of {world} did not "
@@ -368,7 +368,9 @@ class _Merged:
         self.missing: list[int] = []
         self.calls_made = 0
 
-    def add(self, rank: int, cap: Capture, renumber: _Renumber | None) -> None:
+    def add(
+        self, rank: int, cap: Capture, renumber: _Renumber | None, keep: list[int] | None
+    ) -> None:
         from clouseau.distributed.shards import entries_of
 
         offset = len(self.graphs)
@@ -376,6 +378,8 @@ class _Merged:
         self.graphs.extend(cap.graphs)
         for entry in entries_of(cap):
             old = entry.record
+            if keep is not None and old.call not in keep:
+                continue  # the manifest keeps this call from another part
             record = replace(old, call=glob(old.call), graph=old.graph + offset)
             self.entries.append(Entry(record, entry.load))
             self.ranks.setdefault(record.call, rank)

@@ -48,6 +48,7 @@ def test_parts_load_as_one_capture_in_batch_order(parted) -> None:
     cap = clouseau.load(parted)
     assert cap.world_size == 2 and cap.missing_ranks == ()
     assert cap.calls == tuple(range(workload.BATCHES))
+    assert cap.complete and not cap.partial_calls
     assert dict(cap.ranks) == {c: c % 2 for c in range(workload.BATCHES)}
     for call, eager in enumerate(workload.eager_points()):
         for name in workload.SELECT:
@@ -55,9 +56,10 @@ def test_parts_load_as_one_capture_in_batch_order(parted) -> None:
     assert "from 2 processes" in repr(cap)
 
 
-def test_one_part_loads_alone_with_its_global_calls(parted) -> None:
+def test_one_part_loads_alone_with_its_own_calls(parted) -> None:
     cap = clouseau.load(parted / "rank-00001")
-    assert cap.calls == (1, 3, 5)
+    assert cap.calls == (0, 1, 2)  # the rank's batches 1, 3, 5
+    assert cap.complete
 
 
 def test_a_part_that_never_closed_is_reported(tmp_path) -> None:
@@ -79,6 +81,7 @@ def test_parts_without_a_manifest_load_with_a_warning(tmp_path) -> None:
     with pytest.warns(IncompleteCaptureWarning, match=r"rank\(s\) \[0, 1\] of 2"):
         cap = clouseau.load(tmp_path)
     assert cap.calls == (1, 3, 5)
+    assert not cap.partial_calls
     dead.close()
 
 
