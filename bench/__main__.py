@@ -46,6 +46,8 @@ COMPARISONS: dict[str, tuple[str, str, str]] = {
     "dataset-read": ("bench.bench_dataset", "read_throughput", ""),
     "dataset-arrow": ("bench.bench_dataset", "versus_arrow", ""),
     "dataset-memory": ("bench.bench_dataset", "peak_memory", ""),
+    "dist-torchrun": ("bench.bench_distributed", "torchrun_scaling", ""),
+    "dist-upload": ("bench.bench_distributed", "upload_vs_disk", ""),
 }
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "RESULTS.md"

@@ -9,12 +9,12 @@ from typing import Any
 from clouseau._explore import explore as _explore
 from clouseau._explore import install_reprs
 from clouseau.capture import frontend_for
+from clouseau.distributed import adapt_to_engine, open_sink
 from clouseau.ir.actions import Action
 from clouseau.ir.errors import MissingExtraError
 from clouseau.ir.graph import Graph
 from clouseau.ir.interventions import check_intervene
 from clouseau.ir.selection import SelectLike, check_select
-from clouseau.store import open_sink
 
 # Graph, Capture and DiffResult render as the explorer in notebooks, as tables in rich.
 install_reprs()
@@ -92,9 +92,11 @@ def instrument(
     intervene = check_intervene(intervene)
     sink = open_sink(path, max_size_mb, filename_pattern)
     try:
-        return frontend.instrument(
+        fmodel = frontend.instrument(
             model, select=select, sink=sink, intervene=intervene, grads=grads
         )
+        adapt_to_engine(model, fmodel)
+        return fmodel
     except BaseException:
         sink.close()
         raise

@@ -20,6 +20,7 @@ from clouseau.dataset.bar import Bar
 from clouseau.dataset.fingerprint import batch_digest, leaves, model_digest
 from clouseau.dataset.layout import BatchRows, FieldSource, Layout, take
 from clouseau.dataset.sink import BatchSink, graph_file
+from clouseau.distributed import record_part
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
 from clouseau.ir.selection import SelectLike, check_select
@@ -149,18 +150,26 @@ def record(
         "filename_pattern": filename_pattern,
     }
     root = capture_path(path)
+    # Under torchrun each rank records its share into a part of its own (docs/distributed.md).
+    part = record_part(root)
+    root = part.path if part is not None else root
     lock = _lock(root)  # one writer per directory, as for instrument()
     try:
         previous = _open_directory(root, run, resume, names)
         if previous is not None and previous.done:
-            return load(root)
-        recorder = _Recorder(
-            root, frontend, model, select, layout, stat_globs, run, previous, on_error,
-            max_size_mb, filename_pattern, forward or _default_forward, Bar(run["data_len"], progress),
-        )  # fmt: skip
-        return recorder.run(data)
+            cap = load(root)
+        else:
+            recorder = _Recorder(
+                root, frontend, model, select, layout, stat_globs, run, previous, on_error,
+                max_size_mb, filename_pattern, forward or _default_forward, Bar(run["data_len"], progress),
+            )  # fmt: skip
+            cap = recorder.run(data)
     finally:
         lock.release()
+    if part is None:
+        return cap
+    part.finish()
+    return load(part.root)
 
 
 class _Recorder:

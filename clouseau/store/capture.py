@@ -197,6 +197,11 @@ class Capture(Mapping[str, np.ndarray]):
         return tuple(e.record for e in self._entries)
 
     @property
+    def entries(self) -> tuple[Entry, ...]:
+        """Every saved array's record and lazy loader, in execution order."""
+        return self._entries
+
+    @property
     def calls(self) -> tuple[int, ...]:
         """The call indices that saved something, in order."""
         return self._calls

@@ -60,7 +60,16 @@ def load(path: str | os.PathLike[str], *, strict: bool = False) -> Capture:
         ``path`` does not exist or is not a capture; with ``strict``, a damaged file (the
         message names each file and what is wrong with it).
     """
+    if isinstance(path, str) and "://" in path:
+        from clouseau.distributed.remote import load_url  # fsspec only when asked for
+
+        return load_url(path, strict=strict)
     path = Path(path)
+    if path.is_dir():
+        from clouseau.distributed.parts import is_parted, load_parts
+
+        if is_parted(path):
+            return load_parts(path, strict=strict)
     if path.is_file():
         return _load_file(path)
     if not path.is_dir():

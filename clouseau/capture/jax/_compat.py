@@ -97,3 +97,10 @@ def base_trace(x: Any) -> Any:
     while is_batch_tracer(x):
         x = x.val
     return x._trace if isinstance(x, jax.core.Tracer) else None
+
+
+def distributed_client() -> Any:
+    """The coordination-service client of ``jax.distributed.initialize``, or None."""
+    from jax._src import distributed
+
+    return distributed.global_state.client

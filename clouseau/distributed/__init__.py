@@ -1,0 +1,112 @@
+"""Capturing beyond one process: torch.distributed, multi-process JAX, fsspec destinations.
+
+:func:`open_sink` is the store's ``open_sink`` aware of its surroundings: in a process of an
+initialized torch.distributed group (or a multi-process JAX runtime) each process writes
+its own part of the capture (:mod:`clouseau.distributed.parts`); a ``path`` that is an
+fsspec URL (``s3://``, ``gs://``, ``file://``) is written locally and uploaded in the
+background (:mod:`clouseau.distributed.remote`). Frameworks are imported only when they
+are already in use.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from clouseau.distributed.parts import (
+    Group,
+    IncompleteCaptureWarning,
+    PartedCapture,
+    PartSink,
+    RecordPart,
+)
+from clouseau.store import open_sink as _open_local_sink
+from clouseau.store.directory import DEFAULT_PATTERN
+from clouseau.store.directory_sink import DirectorySink
+
+
+def current_group() -> Group | None:
+    """The process group this process writes in, or None when it runs alone."""
+    from clouseau.distributed._torch import torch_group
+
+    group = torch_group()
+    if group is not None:
+        return group
+    from clouseau.distributed._jax import jax_group
+
+    return jax_group()
+
+
+def record_part(root: Path) -> RecordPart | None:
+    """This rank's part of a ``clouseau.record`` run, or None when the process runs alone."""
+    group = current_group()
+    return None if group is None else RecordPart(root, group)
+
+
+def adapt_to_engine(model: Any, fmodel: Any) -> None:
+    """Fit an instrumented model to the engine running it (FSDP2's sharded weights)."""
+    from clouseau.distributed._torch import gather_sharded_parameters
+
+    gather_sharded_parameters(model, fmodel)
+
+
+def is_url(path: object) -> bool:
+    """Whether ``path`` names an fsspec destination (``s3://bucket/run``, ``file:///tmp/x``)."""
+    return isinstance(path, str) and "://" in path
+
+
+def open_sink(
+    path: str | os.PathLike[str] | None,
+    max_size_mb: float = 1024,
+    filename_pattern: str = DEFAULT_PATTERN,
+    *,
+    group: Group | None = None,
+) -> Any:
+    """The sink an instrumented model writes to, wherever it runs and writes.
+
+    Parameters
+    ----------
+    path
+        A directory, an fsspec URL, or None (in memory; never split into parts).
+    max_size_mb, filename_pattern
+        As for :class:`clouseau.store.DirectorySink`.
+    group
+        The processes writing together; found by :func:`current_group` when None.
+
+    Returns
+    -------
+    A sink: a DirectorySink or MemorySink alone, a PartSink per process, either behind an
+    uploader for a URL.
+    """
+    if path is None:
+        return _open_local_sink(None, max_size_mb, filename_pattern)
+    group = group if group is not None else current_group()
+    if not is_url(path):
+        if group is None:
+            return _open_local_sink(path, max_size_mb, filename_pattern)
+        return PartSink(Path(path), group, max_size_mb, filename_pattern)
+    from clouseau.distributed.remote import RemoteSink, filesystem, staging_directory
+
+    url = str(path).rstrip("/")
+    filesystem(url)  # a bad URL fails before anything is created
+    local = staging_directory()
+    inner = (
+        DirectorySink(local, max_size_mb, filename_pattern)
+        if group is None
+        else PartSink(local, group, max_size_mb, filename_pattern)
+    )
+    return RemoteSink(inner, local, url, group)
+
+
+__all__ = [
+    "Group",
+    "IncompleteCaptureWarning",
+    "PartSink",
+    "PartedCapture",
+    "adapt_to_engine",
+    "current_group",
+    "is_url",
+    "open_sink",
+    "record_part",
+]

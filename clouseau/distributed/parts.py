@@ -1,0 +1,479 @@
+"""A capture written in parts by several processes, and read back as one.
+
+Each process (a torch.distributed rank, a JAX process, a Ray actor) writes an ordinary
+capture directory of its own under the capture path (``rank-00003/``), holding a
+``part.json`` that says who wrote it. Rank 0 writes ``manifest.json`` before anything else,
+marked incomplete, and again once every part is closed (after a collective gather of
+their summaries, which is also the barrier): the files of each part and its call count.
+:func:`load_parts` reads all parts as one :class:`PartedCapture`; a part that did not
+finish is reported (``missing_ranks``, and a warning) and what it wrote stays usable.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from clouseau.ir.errors import CaptureError
+from clouseau.ir.graph import Graph
+from clouseau.ir.sink import SavedValue
+from clouseau.store.capture import Capture, Entry
+from clouseau.store.directory import DEFAULT_PATTERN, STATUS_FILE
+from clouseau.store.directory_sink import DirectorySink
+from clouseau.store.files import write_json
+from clouseau.store.lock import DirectoryLock
+from clouseau.store.reader import load
+
+MANIFEST = "manifest.json"
+PART_FILE = "part.json"
+FORMAT = "clouseau.parts/1"
+_PART = re.compile(r"rank-(\d{5})")
+
+
+class IncompleteCaptureWarning(UserWarning):
+    """Some parts of a capture written by several processes did not finish."""
+
+
+def part_name(rank: int) -> str:
+    """The directory of one process's part: ``rank-00003``."""
+    return f"rank-{rank:05d}"
+
+
+@dataclass(frozen=True)
+class Group:
+    """The processes that write one capture together.
+
+    ``gather`` is a collective every process calls with its own summary; it returns every
+    process's, in rank order (it is the barrier before the manifest). ``interleave``: the
+    processes split the calls (data parallel: the global call of local call ``k`` of rank
+    ``r`` is ``k * world_size + r``); otherwise every process runs every call on its own
+    shards (JAX's multi-controller SPMD) and the calls keep their numbers.
+    """
+
+    engine: str
+    rank: int
+    world_size: int
+    gather: Callable[[object], Sequence[object]]
+    interleave: bool = True
+
+
+class PartSink:
+    """The sink of one process: a :class:`DirectorySink` in ``root/rank-NNNNN``.
+
+    Parameters
+    ----------
+    root
+        The capture path shared by every process (a local or shared file system).
+    group
+        Who writes: this process's rank among ``world_size``.
+    max_size_mb, filename_pattern
+        As for :class:`DirectorySink`.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        group: Group,
+        max_size_mb: float = 1024,
+        filename_pattern: str = DEFAULT_PATTERN,
+    ) -> None:
+        self.root = Path(root).absolute()
+        self.group = group
+        if self.root.exists() and not self.root.is_dir():
+            raise CaptureError(f"the capture path {self.root} is a file; pass a directory")
+        self.root.mkdir(parents=True, exist_ok=True)
+        # Rank 0 holds the lock of the whole capture (a second run is refused before it
+        # touches anything), every rank the lock of its part (taken by its DirectorySink).
+        self._lock = DirectoryLock(self.root) if group.rank == 0 else None
+        self.part = self.root / part_name(group.rank)
+        try:
+            self.inner = DirectorySink(self.part, max_size_mb, filename_pattern)
+            if group.rank == 0:
+                _remove_stale_parts(self.root, group.world_size)
+                _write_manifest(self.root, group, None)
+            about = {"format": FORMAT, "engine": group.engine, "rank": group.rank}
+            about["world_size"] = group.world_size
+            # The part numbers its calls 0, 1, 2...; the reader makes them global.
+            about["numbering"] = "local" if group.interleave else "global"
+            write_json(self.part / PART_FILE, about, replace=True)
+        except BaseException:
+            self._release()
+            raise
+        self._closed = False
+        # Called once the part is complete on disk and once the manifest is (an uploader
+        # publishes them there).
+        self.publish: Callable[[], None] = _nothing
+
+    def add_graph(self, graph: Graph) -> int:
+        return self.inner.add_graph(graph)
+
+    def begin_call(self) -> int:
+        return self.inner.begin_call()
+
+    def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
+        self.inner.put(call, graph_id, values)
+
+    def end_call(self, call: int) -> None:
+        self.inner.end_call(call)
+
+    def fail_call(self, call: int, error: BaseException) -> None:
+        self.inner.fail_call(call, error)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.inner.close()
+        finally:
+            # Every rank takes part in the gather, even one whose writer failed: the
+            # others would wait for it until the process group's timeout.
+            self._finish()
+
+    def capture(self) -> Capture:
+        self.inner.flush()
+        return load(self.part)
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+
+    def _finish(self) -> None:
+        summary = part_summary(self.part, self.group.rank)
+        self.publish()
+        try:
+            summaries = self.group.gather(summary)
+        except Exception as err:  # a rank died or the group is gone: the manifest stays
+            self._release()
+            warnings.warn(
+                f"clouseau: the manifest of {self.root} stays incomplete: gathering the parts "
+                f"failed ({type(err).__name__}: {err})",
+                IncompleteCaptureWarning,
+                stacklevel=3,
+            )
+            return
+        if self.group.rank == 0:
+            _write_manifest(self.root, self.group, list(summaries))
+            self.publish()
+            self._release()
+
+
+def _nothing() -> None:
+    pass
+
+
+class RecordPart:
+    """One rank's part of a ``clouseau.record`` run under a process group.
+
+    ``record`` writes (and resumes) its own capture in ``path``; its calls are the rank's
+    batches ``0, 1, 2...``, which the reader numbers ``k * world_size + rank`` (the rank's
+    share is every ``world_size``-th batch). :meth:`finish` is the gather and the manifest.
+    """
+
+    def __init__(self, root: Path, group: Group) -> None:
+        self.root, self.group = Path(root).absolute(), group
+        self.root.mkdir(parents=True, exist_ok=True)
+        if group.rank == 0:
+            _remove_stale_parts(self.root, group.world_size)
+            _write_manifest(self.root, group, None)
+        self.path = self.root / part_name(group.rank)
+        self.path.mkdir(exist_ok=True)
+        self.about = {"format": FORMAT, "engine": group.engine, "rank": group.rank}
+        self.about |= {"world_size": group.world_size, "numbering": "local", "kind": "record"}
+        write_json(self.path / PART_FILE, self.about, replace=True)
+
+    def finish(self) -> None:
+        """Every rank has recorded its share: rank 0 writes the complete manifest."""
+        # record's own status may be that of an interrupted run this one resumed (and
+        # found done): the part says itself that it is finished, and how many batches.
+        done = {"finished": True, "recorded": len(load(self.path).calls)}
+        write_json(self.path / PART_FILE, self.about | done, replace=True)
+        summaries = self.group.gather(part_summary(self.path, self.group.rank))
+        if self.group.rank == 0:
+            _write_manifest(self.root, self.group, list(summaries))
+
+
+def part_summary(part: Path, rank: int) -> dict[str, Any]:
+    """What the manifest records of a closed part: its files and its call count."""
+    return {"name": part.name, "rank": rank, "files": _visible_files(part), "calls": _calls(part)}
+
+
+def _calls(part: Path) -> int:
+    about = _read_json(part / PART_FILE)
+    if about.get("kind") == "record":
+        calls = about.get("recorded", 0)
+    else:
+        calls = _read_json(part / STATUS_FILE).get("calls", 0)
+    return calls if isinstance(calls, int) else 0
+
+
+def _closed(part: Path, about: Mapping[str, Any]) -> bool:
+    if about.get("kind") == "record":
+        return about.get("finished") is True
+    return _read_json(part / STATUS_FILE).get("closed") is True
+
+
+def _visible_files(part: Path) -> list[str]:
+    return sorted(
+        f.name for f in part.glob("*.safetensors") if f.is_file() and not f.name.startswith(".")
+    )
+
+
+def _write_manifest(root: Path, group: Group, parts: list[Any] | None) -> None:
+    manifest = {
+        "format": FORMAT,
+        "engine": group.engine,
+        "world_size": group.world_size,
+        "interleave": group.interleave,
+        "complete": parts is not None,
+        "parts": parts if parts is not None else [],
+    }
+    write_json(root / MANIFEST, manifest, replace=True)
+
+
+def _remove_stale_parts(root: Path, world_size: int) -> None:
+    # Parts of an earlier run with more processes would be read as this run's.
+    for child in root.iterdir():
+        match = _PART.fullmatch(child.name)
+        if match and child.is_dir() and int(match.group(1)) >= world_size:
+            shutil.rmtree(child)
+
+
+def is_parted(path: Path) -> bool:
+    """Whether ``path`` is a capture written in parts (a manifest, or ``rank-*`` parts)."""
+    if (path / MANIFEST).is_file():
+        return True
+    return any(_PART.fullmatch(c.name) and c.is_dir() for c in path.iterdir())
+
+
+class PartedCapture(Capture):
+    """A capture written by several processes, read as one.
+
+    Calls keep their global numbers (by batch index); ``rank(call)`` says which process
+    ran a call.
+
+    Attributes
+    ----------
+    world_size : int
+        How many processes wrote the capture.
+    missing_ranks : tuple of int
+        The processes whose part did not finish (absent, or never closed); what they
+        wrote before is in the capture.
+    ranks : Mapping of int to int
+        The rank of every call that saved something.
+    """
+
+    def __init__(
+        self,
+        entries: tuple[Entry, ...],
+        graphs: tuple[Graph, ...],
+        failed_calls: Mapping[int, str],
+        path: Path,
+        *,
+        world_size: int,
+        missing_ranks: tuple[int, ...],
+        ranks: Mapping[int, int],
+        **store: Any,
+    ) -> None:
+        super().__init__(entries, graphs, failed_calls, path, **store)
+        self.world_size = world_size
+        self.missing_ranks = missing_ranks
+        self.ranks: Mapping[int, int] = MappingProxyType(dict(ranks))
+
+    def rank(self, call: int) -> int:
+        """The rank of the process that ran ``call``."""
+        try:
+            return self.ranks[call]
+        except KeyError:
+            raise KeyError(f"call {call} saved nothing; the calls are {self.calls}") from None
+
+    def __repr__(self) -> str:
+        missing = f", ranks {list(self.missing_ranks)} missing" if self.missing_ranks else ""
+        return f"{super().__repr__()[:-1]} from {self.world_size} processes{missing}>"
+
+
+def load_parts(root: Path, strict: bool = False) -> PartedCapture:
+    """Read every part of ``root`` as one capture (``clouseau.load`` calls this).
+
+    Raises
+    ------
+    CaptureError
+        The manifest disagrees with the parts on disk (a part it lists is absent or holds
+        other files or calls, a part it does not list is present), or is damaged; with
+        ``strict``, a damaged file in a part.
+    """
+    manifest = _read_manifest(root)
+    on_disk = sorted(c.name for c in root.iterdir() if _PART.fullmatch(c.name) and c.is_dir())
+    world = int(manifest["world_size"]) if manifest else _world_from_parts(root, on_disk)
+    listed = {part_name(r): r for r in range(world)}
+    stray = [name for name in on_disk if name not in listed]
+    if stray:
+        raise CaptureError(
+            f"{root}: the manifest lists {world} part(s) but {', '.join(stray)} is also there; "
+            "remove the stray part(s), or record again into an empty path"
+        )
+    complete = bool(manifest and manifest["complete"])
+    expected = _expected_parts(root, manifest) if complete else {}
+    merged = _Merged()
+    for name, rank in listed.items():
+        part = root / name
+        if not _part_finished(root, part, rank, world, expected.get(name)):
+            merged.missing.append(rank)
+        if (part / STATUS_FILE).is_file() or _visible_files(part):
+            local = _read_json(part / PART_FILE).get("numbering") == "local"
+            renumber = _Renumber(world, rank) if local else None
+            keep = expected.get(name, {}).get("calls_kept")
+            merged.add(rank, load(part, strict=strict), renumber, keep)
+    if merged.missing:
+        warnings.warn(
+            f"clouseau: {root} is incomplete: rank(s) {merged.missing} of {world} did not "
+            "finish; the capture holds what the others (and the complete files of those) wrote",
+            IncompleteCaptureWarning,
+            stacklevel=3,
+        )
+    return merged.capture(root, world, closed=complete and not merged.missing)
+
+
+@dataclass(frozen=True)
+class _Renumber:
+    """A part's local call ``k`` is global call ``k * world + rank``."""
+
+    world: int
+    rank: int
+
+    def __call__(self, call: int) -> int:
+        return call * self.world + self.rank
+
+
+class _Merged:
+    """The parts read so far: entries with graph ids made global, and what each says."""
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self.graphs: list[Graph] = []
+        self.failed: dict[int, str] = {}
+        self.partial: dict[int, str] = {}
+        self.damaged: dict[str, str] = {}
+        self.ranks: dict[int, int] = {}
+        self.missing: list[int] = []
+        self.calls_made = 0
+
+    def add(
+        self, rank: int, cap: Capture, renumber: _Renumber | None, keep: list[int] | None
+    ) -> None:
+        from clouseau.distributed.shards import entries_of
+
+        offset = len(self.graphs)
+        glob = renumber or (lambda call: call)
+        self.graphs.extend(cap.graphs)
+        for entry in entries_of(cap):
+            old = entry.record
+            if keep is not None and old.call not in keep:
+                continue  # the manifest keeps this call from another part
+            record = replace(old, call=glob(old.call), graph=old.graph + offset)
+            self.entries.append(Entry(record, entry.load))
+            self.ranks.setdefault(record.call, rank)
+        self.failed.update({glob(c): why for c, why in cap.failed_calls.items()})
+        self.partial.update({glob(c): why for c, why in cap.partial_calls.items()})
+        name = part_name(rank)
+        self.damaged.update({f"{name}/{k}": v for k, v in cap.damaged.items()})
+        self.calls_made = max(self.calls_made, max(cap.calls, default=-1) + 1)
+
+    def capture(self, root: Path, world: int, closed: bool) -> PartedCapture:
+        from clouseau.distributed.shards import assemble
+
+        return PartedCapture(
+            assemble(tuple(self.entries)),
+            tuple(self.graphs),
+            self.failed,
+            root,
+            world_size=world,
+            missing_ranks=tuple(self.missing),
+            ranks=self.ranks,
+            partial_calls=self.partial,
+            damaged=self.damaged,
+            calls_made=self.calls_made,
+            closed=closed,
+        )
+
+
+def _world_from_parts(root: Path, names: list[str]) -> int:
+    # No manifest: rank 0 died before writing it; each part says how many there were.
+    sizes = [_read_json(root / n / PART_FILE).get("world_size") for n in names]
+    ranks = [int(n[5:]) + 1 for n in names]
+    return max([s for s in sizes if isinstance(s, int)] + ranks)
+
+
+def _expected_parts(root: Path, manifest: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    parts = manifest["parts"]
+    if not isinstance(parts, list) or len(parts) != manifest["world_size"]:
+        raise CaptureError(
+            f"{root / MANIFEST} is complete but lists {len(parts)} parts for "
+            f"{manifest['world_size']} processes; the capture was not written by clouseau "
+            "as it stands: record it again"
+        )
+    return {str(p["name"]): p for p in parts}
+
+
+def _part_finished(
+    root: Path, part: Path, rank: int, world: int, expected: Mapping[str, Any] | None
+) -> bool:
+    if not part.is_dir():
+        if expected is not None:
+            raise CaptureError(f"{root / MANIFEST} lists {part.name}, which is not there")
+        return False
+    about = _read_json(part / PART_FILE) if (part / PART_FILE).is_file() else {}
+    if about and (about.get("rank") != rank or about.get("world_size") != world):
+        raise CaptureError(
+            f"{part / PART_FILE} says rank {about.get('rank')} of {about.get('world_size')}, "
+            f"but the manifest expects rank {rank} of {world}: parts of different runs are "
+            "mixed; record again into an empty path"
+        )
+    closed = _closed(part, about) if about else False
+    if expected is None:
+        return closed
+    files, calls = _visible_files(part), _calls(part)
+    if not closed or files != list(expected["files"]) or calls != expected["calls"]:
+        raise CaptureError(
+            f"{root / MANIFEST} disagrees with {part.name}: it lists {expected['calls']} "
+            f"call(s) in {list(expected['files'])}, the part holds {calls} in {files}"
+            f"{'' if closed else ' and was never closed'}; the part was changed after the "
+            "run: record it again"
+        )
+    return True
+
+
+def _read_manifest(root: Path) -> dict[str, Any] | None:
+    if not (root / MANIFEST).is_file():
+        return None
+    manifest = _read_json(root / MANIFEST)
+    if manifest.get("format") != FORMAT or not isinstance(manifest.get("world_size"), int):
+        raise CaptureError(
+            f"{root / MANIFEST} is not a clouseau manifest ({FORMAT}); point load() at a "
+            "capture path written by clouseau"
+        )
+    return manifest
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(file.read_text())
+    except FileNotFoundError:
+        return {}
+    except OSError as err:
+        raise CaptureError(f"cannot read {file}: {err.strerror or err}") from None
+    except ValueError as err:
+        raise CaptureError(f"{file} is damaged ({err})") from None
+    if not isinstance(data, dict):
+        raise CaptureError(f"{file} is damaged (not a JSON object)")
+    return data
