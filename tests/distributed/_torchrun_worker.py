@@ -7,8 +7,11 @@ that many batches.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -31,6 +34,7 @@ def main(mode: str, path: str, die_after: int | None) -> None:
         for done, batch in enumerate(workload.batches()[rank::world]):
             if rank == 1 and die_after is not None and done == die_after:
                 fmodel.flush()
+                _wait_for_rank_0_closed(path)  # else torchrun may end rank 0 before it closes
                 os._exit(3)
             runner(batch)
     fmodel.close()
@@ -39,6 +43,18 @@ def main(mode: str, path: str, die_after: int | None) -> None:
     del runner
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _wait_for_rank_0_closed(path: str, timeout: float = 120.0) -> None:
+    status = Path(path) / "rank-00000" / "status.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if json.loads(status.read_text()).get("closed"):
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":

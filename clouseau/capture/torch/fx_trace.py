@@ -160,7 +160,7 @@ class NamingTracer(fx.Tracer):
             path, module_type, source = self.pending[node]
             other: str | None = None
             if node.op == "placeholder":
-                name = namer.input(node.name)
+                name = namer.input(str(node.target))  # the argument, not fx's input_1
             elif node.op == "call_module":
                 name = leaf_names[node]
                 other = namer.leaf(path, name)
