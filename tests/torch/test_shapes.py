@@ -57,7 +57,10 @@ def test_gpt2_traces_a_few_times_for_fifty_sequence_lengths() -> None:
         _check_modules(fmodel.captured, call, hooks, paths)
     assert fmodel.traces <= 3
     assert fmodel.captured.graph.frontend is clouseau.ir.Frontend.TORCH_EXPORT
-    assert "%lm_head : f32[s0,s1,100] = linear" in str(fmodel.captured.graph)
+    # The first export is static; the second shape's export is dynamic and serves the rest.
+    graphs = [str(g) for g in fmodel.captured.graphs]
+    assert "%lm_head : f32[2,7,100] = linear" in graphs[0]
+    assert "%lm_head : f32[s0,s1,100] = linear" in graphs[-1]
 
 
 class ShapeSwitch(nn.Module):
@@ -84,7 +87,7 @@ def test_a_broken_export_guard_is_a_new_trace_not_a_wrong_value() -> None:
             assert_same(fmodel(x), model(x))
         saved = fmodel.captured.get("fc", call=call)
         assert_same(saved, model.fc(x).detach())
-    assert fmodel.traces == 2  # one export per side of the guard
+    assert fmodel.traces <= 3  # the first shape static, then one dynamic export per side
     assert {g.frontend for g in fmodel.captured.graphs} == {clouseau.ir.Frontend.TORCH_EXPORT}
 
 

@@ -12,6 +12,7 @@ Weights used only inside built-in modules are left out of the IR, as in the fx g
 from __future__ import annotations
 
 import inspect
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -126,14 +127,25 @@ def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
     )
 
 
+# Whether this export may make dimensions dynamic. The first export of an input structure
+# is static: a dynamic export solves symbolic shapes, which on some models (timm's
+# mobilevitv2: minutes in sympy) costs far more than the trace, and a model called with one
+# shape never needs it. The instrumented module asks for a dynamic export once a second
+# shape of the same structure arrives; that one serves every shape its guards allow.
+DYNAMIC_EXPORT: ContextVar[bool] = ContextVar("clouseau_dynamic_export", default=False)
+
+
 def _export(
     model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Any, Marks]:
-    """Export with every tensor dimension free (``Dim.AUTO``): torch.export keeps dynamic
-    what the model lets vary and specializes the rest, so one export serves every shape
-    its guards allow. When the dynamic export fails on something else than the model's
-    data-dependent control flow (an input structure ``dynamic_shapes`` cannot describe),
-    the export is static, once per shape."""
+    """Export with every tensor dimension free (``Dim.AUTO``) when :data:`DYNAMIC_EXPORT`
+    is set: torch.export keeps dynamic what the model lets vary and specializes the rest,
+    so one export serves every shape its guards allow. Otherwise, or when the dynamic
+    export fails on something else than the model's data-dependent control flow (an input
+    structure ``dynamic_shapes`` cannot describe), the export is static, once per shape."""
+    if not DYNAMIC_EXPORT.get():
+        with marking(model) as marks:
+            return torch.export.export(model, args, kwargs, strict=False), marks
     try:
         with marking(model) as marks:
             dynamic = _dynamic_shapes(model, args, kwargs)

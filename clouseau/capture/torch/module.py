@@ -15,6 +15,7 @@ from clouseau.capture.torch._compat import (
     register_cache_pytrees,
 )
 from clouseau.capture.torch._sync import TRACE_LOCK
+from clouseau.capture.torch.export_trace import DYNAMIC_EXPORT
 from clouseau.capture.torch.host import saved_values, to_numpy
 from clouseau.capture.torch.intervene import emitting_grads
 from clouseau.capture.torch.ir_build import UntraceableError
@@ -369,6 +370,8 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             if entry.accepts is None or entry.accepts(args, kwargs):
                 entry.unverified = True
                 return entry, None
+        # A second shape of a structure asks for an export with dynamic dimensions.
+        token = DYNAMIC_EXPORT.set(bool(entries))
         try:
             lowered = lower(
                 self.model,
@@ -386,6 +389,8 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
 
             tier = DynamicTier(self.model, self._select, self._sink, self._intervene)
             return self._to_tier(tier, tier.name, error.reasons), None
+        finally:
+            DYNAMIC_EXPORT.reset(token)
         self._traces += 1
         graph_id = self._sink.add_graph(lowered.graph)
         entry = _Entry(self.model, lowered, graph_id, args, kwargs)
