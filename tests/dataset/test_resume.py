@@ -82,7 +82,7 @@ CHILD = textwrap.dedent(
 )
 
 
-TRACE_RUNS = 1  # tracing runs the model once on the first batch
+TRACE_RUNS = 0  # the first call is the trace's own run: the model runs once per batch
 
 
 def _runs(path, data) -> int:
