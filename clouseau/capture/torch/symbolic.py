@@ -29,14 +29,23 @@ from clouseau.capture.torch.probe import restoring_buffers
 Symbols = tuple[str, ...]
 
 
+# The symbolic run only labels the IR; on large graphs sympy's simplification makes it
+# cost minutes (torchvision's maxvit_t: over 10 min here) where the trace takes seconds.
+# Past this many nodes the IR shows the traced shapes; the graph is shape-generic all the same.
+MAX_SYMBOLIC_NODES = 400
+
+
 def fx_symbols(
     gm: fx.GraphModule, model: torch.nn.Module, inputs: tuple[Any, ...]
 ) -> dict[str, Symbols]:
     """Per fx node name, the symbols of its tensor value (only where some dim is dynamic).
 
-    Empty when the graph cannot run on fake tensors (a data-dependent op): the IR then
-    shows the traced shapes, and the graph stays as shape-generic as it is.
+    Empty when the graph cannot run on fake tensors (a data-dependent op) or has more than
+    :data:`MAX_SYMBOLIC_NODES` nodes: the IR then shows the traced shapes, and the graph
+    stays as shape-generic as it is.
     """
+    if len(gm.graph.nodes) > MAX_SYMBOLIC_NODES:
+        return {}
     try:
         mode, env = dynamic_fake_mode()
         fakes = tuple(_fake(mode, x) for x in inputs)
