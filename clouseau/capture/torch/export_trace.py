@@ -190,7 +190,7 @@ def _infos(
     calls = [namer.module_output(path) for path in marks.calls]
     infos: dict[str, NodeInfo] = {}
     for node in graph.nodes:
-        stack = _stack(node)
+        stack = module_stack(node)
         if node.op == "output":
             infos[node.name] = NodeInfo("output", NodeKind.OUTPUT, "output")
             continue
@@ -203,7 +203,7 @@ def _infos(
             op, target = weight_kind.get(node.name, ("constant", str(node.target)))
             # A weight read only inside built-in modules (conv, linear) is not a point of
             # the fx graph either; keep those read by the user's own code.
-            if not names and all(_inside_leaf(stacks) for stacks in map(_stack, node.users)):
+            if not names and all(inside_leaf(stacks) for stacks in map(module_stack, node.users)):
                 continue
             infos[node.name] = NodeInfo(
                 namer.state(target), NodeKind.CONSTANT, op, target=target,
@@ -254,7 +254,7 @@ def _leaf_output(
     return None
 
 
-def _stack(node: fx.Node) -> list[tuple[str, str, str, str]]:
+def module_stack(node: fx.Node) -> list[tuple[str, str, str, str]]:
     """(key, path, class name, qualified class) of each module call around ``node``, root excluded."""
     stack = node.meta.get("nn_module_stack") or {}
     found = []
@@ -265,5 +265,5 @@ def _stack(node: fx.Node) -> list[tuple[str, str, str, str]]:
     return found
 
 
-def _inside_leaf(stack: list[tuple[str, str, str, str]]) -> bool:
+def inside_leaf(stack: list[tuple[str, str, str, str]]) -> bool:
     return any(is_leaf_type_name(entry[3]) for entry in stack)

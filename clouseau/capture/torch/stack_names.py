@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
+from clouseau.capture.torch.export_trace import inside_leaf, module_stack
 from clouseau.capture.torch.naming import (
     LocalNamer,
     function_op,
@@ -32,7 +33,7 @@ def stack_infos(
     through ``get_attr`` or handed in as inputs (Dynamo lifts them); ``input_names``
     renames inputs.
     """
-    stacks = {n: _stack(n) for n in graph.nodes}
+    stacks = {n: module_stack(n) for n in graph.nodes}
     members: dict[str, set[fx.Node]] = {}
     for node, stack in stacks.items():
         for key, _, _, _ in stack:
@@ -54,7 +55,7 @@ def stack_infos(
             op, target = weight_kind.get(node.name, ("constant", str(node.target)))
             # A weight read only inside built-in modules (conv, linear) is not a point of
             # the fx graph either; keep those read by the user's own code.
-            if all(_inside_leaf(stacks[u]) for u in node.users):
+            if all(inside_leaf(stacks[u]) for u in node.users):
                 continue
             namer.reserve(target)
             infos[node.name] = NodeInfo(target, NodeKind.CONSTANT, op, target=target)
@@ -75,21 +76,6 @@ def stack_infos(
             source=source_from_stack_trace(node.meta.get("stack_trace")), aliases=aliases,
         )  # fmt: skip
     return infos
-
-
-def _stack(node: fx.Node) -> list[tuple[str, str, str, str]]:
-    """(key, path, class name, qualified class) of each module call around ``node``, root excluded."""
-    stack = node.meta.get("nn_module_stack") or {}
-    found = []
-    for key, (path, cls) in stack.items():
-        if path:
-            qualified = cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
-            found.append((key, path, qualified.rsplit(".", 1)[-1], qualified))
-    return found
-
-
-def _inside_leaf(stack: list[tuple[str, str, str, str]]) -> bool:
-    return any(is_leaf_type_name(entry[3]) for entry in stack)
 
 
 def _module_outputs(members: dict[str, set[fx.Node]]) -> dict[str, set[fx.Node]]:
