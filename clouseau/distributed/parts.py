@@ -64,7 +64,32 @@ class Group:
     interleave: bool = True
 
 
-class PartSink:
+class ForwardingSink:
+    """A sink that hands every call to ``self.inner``; subclasses add what happens around
+    it (a part's manifest, an upload)."""
+
+    inner: Any
+
+    def add_graph(self, graph: Graph) -> int:
+        return self.inner.add_graph(graph)
+
+    def begin_call(self) -> int:
+        return self.inner.begin_call()
+
+    def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
+        self.inner.put(call, graph_id, values)
+
+    def end_call(self, call: int) -> None:
+        self.inner.end_call(call)
+
+    def fail_call(self, call: int, error: BaseException) -> None:
+        self.inner.fail_call(call, error)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+
+class PartSink(ForwardingSink):
     """The sink of one process: a :class:`DirectorySink` in ``root/rank-NNNNN``.
 
     Parameters
@@ -110,24 +135,6 @@ class PartSink:
         # Called once the part is complete on disk and once the manifest is (an uploader
         # publishes them there).
         self.publish: Callable[[], None] = _nothing
-
-    def add_graph(self, graph: Graph) -> int:
-        return self.inner.add_graph(graph)
-
-    def begin_call(self) -> int:
-        return self.inner.begin_call()
-
-    def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
-        self.inner.put(call, graph_id, values)
-
-    def end_call(self, call: int) -> None:
-        self.inner.end_call(call)
-
-    def fail_call(self, call: int, error: BaseException) -> None:
-        self.inner.fail_call(call, error)
-
-    def flush(self) -> None:
-        self.inner.flush()
 
     def close(self) -> None:
         if self._closed:

@@ -18,7 +18,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from clouseau.distributed.parts import MANIFEST, PART_FILE, Group, part_name
+from clouseau.distributed.parts import MANIFEST, PART_FILE, ForwardingSink, Group, part_name
 from clouseau.ir.errors import CaptureError, MissingExtraError
 from clouseau.store.capture import Capture
 from clouseau.store.directory import STATUS_FILE
@@ -48,7 +48,7 @@ def filesystem(url: str) -> tuple[Any, str]:
     return fs, root.rstrip("/")
 
 
-class RemoteSink:
+class RemoteSink(ForwardingSink):
     """A sink writing to ``local`` whose complete files are uploaded to ``url``.
 
     Parameters
@@ -82,21 +82,9 @@ class RemoteSink:
         self._closed = False
 
     # -- the Sink protocol: the inner sink's, plus the uploads --------------------------
-    def add_graph(self, graph: Any) -> int:
-        return self.inner.add_graph(graph)
-
     def begin_call(self) -> int:
         self._raise_upload_error()
         return self.inner.begin_call()
-
-    def put(self, call: int, graph_id: int, values: Any) -> None:
-        self.inner.put(call, graph_id, values)
-
-    def end_call(self, call: int) -> None:
-        self.inner.end_call(call)
-
-    def fail_call(self, call: int, error: BaseException) -> None:
-        self.inner.fail_call(call, error)
 
     def flush(self) -> None:
         self.inner.flush()
