@@ -84,7 +84,9 @@ def instrument(
     -------
     The instrumented model: same calling convention and outputs as ``model``; a context
     manager whose exit (or ``close()``) flushes everything to ``path``. It traces lazily
-    on the first call per input signature; ``fmodel.trace(*args)`` traces eagerly.
+    on the first call of each input structure (PyTorch: dtypes, ranks, devices, train/eval,
+    not sizes; JAX: per input signature, as ``jax.jit``); ``fmodel.trace(*args)`` traces
+    eagerly.
     """
     frontend = frontend_for(model)
     # Bad arguments fail before the sink opens: opening it replaces an earlier capture.
