@@ -7,10 +7,14 @@ must leave every count as it was. Nodes not listed count 0; none is unknown.
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import replace
+
 import pytest
 
 import clouseau
-from clouseau.ir.metadata import node_flops, total_flops
+from clouseau.ir.flops import CATEGORY, OpCategory, node_flops, op_category, total_flops
+from clouseau.ir.graph import NodeKind
 
 from .pinned_models import jax_model, torch_model
 
@@ -86,3 +90,51 @@ def test_jax_flops_are_pinned():
     assert total_flops(graph) == sum(JAX_FLOPS.values()) + 3 * 4 * 8
     counted = {n.name: node_flops(graph, n) for n in graph.nodes}
     assert {k: v for k, v in counted.items() if v != 0} == JAX_FLOPS
+
+
+def test_the_category_is_hidden_from_the_printed_graph_and_kept_in_json():
+    pytest.importorskip("jax")
+    model, args = jax_model()
+    graph = clouseau.trace(model, *args)
+    assert CATEGORY not in str(graph)
+    again = clouseau.Graph.from_json(graph.to_json())
+    assert [op_category(n) for n in again.nodes] == [op_category(n) for n in graph.nodes]
+
+
+def test_a_graph_without_categories_has_unknown_flops():
+    pytest.importorskip("jax")
+    model, args = jax_model()
+    graph = clouseau.trace(model, *args)
+    bare = graph.with_nodes(
+        tuple(replace(n, attrs=tuple(a for a in n.attrs if a[0] != CATEGORY)) for n in graph.nodes)
+    )
+    ops = [n for n in bare.nodes if n.kind is NodeKind.OP]
+    assert ops and all(node_flops(bare, n) is None for n in ops)
+    assert total_flops(bare) == 0
+
+
+@pytest.mark.parametrize(
+    ("frontend", "op", "expected"),
+    [
+        ("torch", "add_", OpCategory.ELEMENTWISE),
+        ("torch", "Conv2d", OpCategory.CONV),
+        ("torch", "convtranspose2d", OpCategory.CONV_TRANSPOSE),
+        ("torch", "baddbmm", OpCategory.ADDMM),
+        ("torch", "adaptive_avg_pool2d", OpCategory.POOL),
+        ("torch", "batchnorm1d", OpCategory.BATCH_NORM),
+        ("torch", "getitem", OpCategory.FREE),
+        ("torch", "dot_general", None),
+        ("torch", "my_custom_op", None),
+        ("jax", "dot_general", OpCategory.DOT_GENERAL),
+        ("jax", "conv_general_dilated", OpCategory.CONV),
+        ("jax", "reduce_window_max", OpCategory.REDUCE_WINDOW),
+        ("jax", "log_softmax", OpCategory.SOFTMAX),
+        ("jax", "scan_carry", OpCategory.FREE),
+        ("jax", "while", None),
+        ("jax", "linear", None),
+    ],
+)
+def test_each_frontend_names_its_own_ops(frontend: str, op: str, expected: OpCategory | None):
+    pytest.importorskip(frontend)
+    module = importlib.import_module(f"clouseau.capture.{frontend}.flop_ops")
+    assert module.category(op) is expected

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from clouseau.capture.jax import _compat
+from clouseau.capture.jax.flop_ops import category
 from clouseau.capture.jax.jaxpr_trace import FN_MARK, MODULE_MARK, Traced
 from clouseau.capture.jax.keys import (
     CALLS,
@@ -35,6 +36,7 @@ from clouseau.capture.jax.keys import (
     input_key,
 )
 from clouseau.capture.jax.naming import Namer, clean, join
+from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import (
     VARIES,
     DType,
@@ -149,7 +151,7 @@ class _Builder:
             module=scope.module,
             module_type=scope.module_type,
             source=source,
-            attrs=attrs,
+            attrs=(*attrs, *category_attr(category(op))),
             key=key,
         )
         self.index[name] = len(self.nodes)
@@ -343,7 +345,7 @@ class _Builder:
             module=scope.module,
             module_type=scope.module_type,
             source=_source(eqn),
-            attrs=attrs,
+            attrs=(*attrs, *category_attr(category(op))),
             key=key,
         )
         self.index[name] = len(self.nodes)
@@ -413,7 +415,7 @@ def _attrs(eqn: Any) -> tuple[tuple[str, Any], ...]:
 
 
 def _flop_attrs(eqn: Any) -> list[tuple[str, Any]]:
-    """What FLOP counts need beyond shapes (clouseau.ir.metadata): contraction, layout."""
+    """What FLOP counts need beyond shapes (clouseau.ir.flops): contraction, layout."""
     numbers = eqn.params.get("dimension_numbers")
     if eqn.primitive.name == "dot_general" and numbers is not None:
         return [("lhs_contracting_dims", tuple(int(d) for d in numbers[0][0]))]
