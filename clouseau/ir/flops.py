@@ -26,13 +26,15 @@ sdpa                   4 * numel(q) * S
 norm, softmax          5 per element; batch_norm 4
 elementwise            1 per element of the largest operand (add, mul, relu, exp, ...)
 reduction, pool        1 per input element (reduce_window: per output * window)
-free                   0 (reshapes, indexing, data movement, graph plumbing)
+free, loop             0 (reshapes, indexing, data movement, graph plumbing; a loop's
+                       own node: its body's nodes count)
 no category            unknown (None), left out of totals
 =====================  ================================================================
 
 A graph saved before the frontends set categories has none: its FLOPs are unknown.
-Nodes inside a ``lax.scan`` body run once per iteration: :func:`total_flops` multiplies
-them by the loop length.
+Nodes inside a loop body (a ``lax.scan``: category ``loop``, keys as :mod:`clouseau.ir.keys`
+nests them) run once per iteration: :func:`total_flops` multiplies them by the loop's
+``length``.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class OpCategory(enum.Enum):
     BATCH_NORM = "batch_norm"
     POOL = "pool"
     REDUCE_WINDOW = "reduce_window"
+    LOOP = "loop"  # a loop of known length (attr ``length``): its body runs that many times
 
 
 def category_attr(category: OpCategory | None) -> tuple[tuple[str, AttrValue], ...]:
@@ -191,12 +194,17 @@ _RULES: dict[OpCategory, Rule] = {
     OpCategory.BATCH_NORM: _per_element(4),
     OpCategory.POOL: lambda node, ins, outs: ins[0].numel,
     OpCategory.REDUCE_WINDOW: _reduce_window,
+    OpCategory.LOOP: lambda node, ins, outs: 0,
 }
 
 
 def loop_factor(graph: Graph) -> dict[str, int]:
-    """How many times each node runs per call: the product of its enclosing scan lengths."""
-    lengths = {n.key: int(n.attr("length", 1)) for n in graph.nodes if n.op == "scan" and n.key}  # type: ignore[arg-type]
+    """How many times each node runs per call: the product of its enclosing loop lengths."""
+    lengths = {
+        n.key: int(n.attr("length", 1))  # type: ignore[arg-type]
+        for n in graph.nodes
+        if n.key and op_category(n) is OpCategory.LOOP
+    }
     factors: dict[str, int] = {}
     for node in graph.nodes:
         factor = 1

@@ -130,6 +130,7 @@ def test_a_graph_without_categories_has_unknown_flops():
         ("jax", "reduce_window_max", OpCategory.REDUCE_WINDOW),
         ("jax", "log_softmax", OpCategory.SOFTMAX),
         ("jax", "scan_carry", OpCategory.FREE),
+        ("jax", "scan", OpCategory.LOOP),
         ("jax", "while", None),
         ("jax", "linear", None),
     ],

@@ -97,7 +97,13 @@ def test_scan_bodies_count_once_per_iteration():
         key="0/0",
     )
     scan = Node(
-        "scan", NodeKind.OP, "scan", (Ref("x"),), (f32(4),), attrs=(("length", 5), *FREE), key="0"
+        "scan",
+        NodeKind.OP,
+        "scan",
+        (Ref("x"),),
+        (f32(4),),
+        attrs=(("length", 5), *category_attr(OpCategory.LOOP)),
+        key="0",
     )
     g = _graph(x, carry, tanh, scan)
     assert total_flops(g) == 5 * 4

@@ -17,7 +17,6 @@ _FREE = frozenset({
     "dynamic_slice", "dynamic_update_slice", "gather", "copy", "copy_p", "rev", "pad", "iota",
     "swapaxes", "flip", "roll", "repeat", "tile", "select", "stop_gradient", "zeros_like",
     "ones_like", "full", "zeros", "ones", "arange", "identity", "scan_carry", "scan_slice",
-    "scan",
 })  # fmt: skip
 _ELEMENTWISE = frozenset({
     "add", "sub", "mul", "div", "pow", "integer_pow", "neg", "abs", "relu", "relu6", "gelu",
@@ -45,6 +44,8 @@ def category(op: str) -> OpCategory | None:
     op = op.lower()
     if op in _FREE:
         return OpCategory.FREE
+    if op == "scan":
+        return OpCategory.LOOP
     if op == "dot_general":
         return OpCategory.DOT_GENERAL
     if op == "matmul":  # jnp.matmul when JAX keeps it as one jitted function
