@@ -116,6 +116,28 @@ def _rebuild(value: Any, leaves: Iterator[Any]) -> Any:
     return next(leaves)
 
 
+def _return_too(
+    node: fx.Node, region: fx.GraphModule, output: fx.Node, returned: Any, dropped: list[fx.Node]
+) -> None:
+    """Make ``region`` also return ``dropped``, each read by a new ``getitem`` of ``node``."""
+    output.args = ((*returned, *dropped),)
+    region.recompile()
+    anchor = node
+    for index, value in enumerate(dropped, start=len(returned)):
+        with node.graph.inserting_after(anchor):
+            anchor = node.graph.call_function(operator.getitem, (node, index))
+        anchor.meta = dict(value.meta)  # its module stack names it inside its module
+
+
+def _repair_users(graph: fx.Graph) -> None:
+    """Make every node's ``users`` list the nodes that read it: export can leave a node's
+    ``users`` short (seen around a ``no_grad`` region), and ``replace_all_uses_with``
+    rewires only the users it lists."""
+    for node in graph.nodes:
+        for source in node.all_input_nodes:
+            source.users.setdefault(node, None)
+
+
 class _CannotRebuild(Exception):
     pass
 
@@ -124,8 +146,11 @@ def take_marks(gm: fx.GraphModule, marks: Marks) -> dict[fx.Node, list[Mark]]:
     """Remove the marks from ``gm``; for each marked node, the module outputs it is.
 
     A mark inside a region export keeps as a submodule (``torch.autocast``, ``no_grad``)
-    is removed there too, and passed on to the ``getitem`` that takes the value out.
+    is removed there too, and passed on to the ``getitem`` that takes the value out; a
+    marked value the region does not return (export dropped it: nothing outside used it)
+    becomes an extra output of the region, so that every module call stays a point.
     """
+    _repair_users(gm.graph)
     found: dict[fx.Node, list[Mark]] = {}
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is MARK:
@@ -162,6 +187,10 @@ def _pass_on(
     returned = output.args[0]
     if not isinstance(returned, tuple | list):
         return
+    dropped = [value for value in inner if value not in returned]
+    if dropped:
+        _return_too(node, region, output, returned, dropped)
+        returned = output.args[0]
     for user in node.users:
         if user.target is operator.getitem and isinstance(user.args[1], int):
             value = returned[user.args[1]]
