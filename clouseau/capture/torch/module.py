@@ -310,7 +310,9 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         sink = self._sink
         call = sink.begin_call()
         try:
-            values = tuple(first.values[t.key] for t in entry.targets)
+            if first.grads is not None:  # backward runs later: its taps put into this call
+                first.grads.emit = partial(self._put_grad, call, entry.graph_id)
+            values = tuple(first.value(t.key, changed=t.changed) for t in entry.targets)
             sink.put(call, entry.graph_id, saved_values(entry.targets, values, first=True))
         except BaseException as error:
             sink.fail_call(call, error)
