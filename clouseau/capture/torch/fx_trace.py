@@ -27,6 +27,7 @@ from clouseau.capture.torch.traced import (
     forward_signature,
     has_tensor,
     is_leaf,
+    name_tuple_elements,
 )
 from clouseau.ir.graph import Frontend, NodeKind, Source
 
@@ -286,7 +287,7 @@ def trace_fx(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
     return Traced(
         gm=gm,
         frontend=Frontend.TORCH_FX,
-        infos=infos,
+        infos=name_tuple_elements(gm.graph, infos),
         to_inputs=InputPicker(signature, names),
         from_outputs=lambda out: out,
         opaque_outputs=tuple(tracer.opaque_outputs.items()),
