@@ -291,7 +291,7 @@ def trace_fx(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
         to_inputs=InputPicker(signature, names),
         from_outputs=lambda out: out,
         opaque_outputs=tuple(tracer.opaque_outputs.items()),
-        meta=(tracer.namer.meta,),
+        meta=(tracer.namer.meta, tracer.namer.torchvision_meta),
     )
 
 
