@@ -14,16 +14,17 @@ from tests.models.helpers import check_model
 
 
 class Branchy(nn.Module):
-    """fx cannot follow a branch on a shape: the export path."""
+    """With ``export``, a branch on a shape fx cannot follow: the export path."""
 
-    def __init__(self) -> None:
+    def __init__(self, export: bool = True) -> None:
         super().__init__()
+        self.export = export
         self.fc = nn.Linear(4, 4)
         self.block = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
         self.head = nn.Linear(4, 2)
 
     def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-        if x.shape[0] > 1:
+        if self.export and x.shape[0] > 1:
             x = x * scale
         return self.head(self.block(self.fc(x)))
 
@@ -36,16 +37,21 @@ def _hooks(model: Branchy) -> list[tuple[str, type, type]]:
         seen.append(("fc", type(args[0]), type(out)))
         return out * 3
 
-    def record(module: nn.Module, args: Any, kwargs: Any, out: torch.Tensor) -> None:
+    def record(module: nn.Module, args: Any, kwargs: Any, out: torch.Tensor) -> torch.Tensor:
         seen.append(("block", type(args[0]), type(out)))
+        return out - 1  # block is no leaf: fx traces through it
 
     model.fc.register_forward_hook(scale)
     model.block.register_forward_hook(record, with_kwargs=True)
     return seen
 
 
-def test_user_hooks_on_the_export_path_run_once_per_call_on_real_tensors() -> None:
-    model = Branchy().eval()
+FRONTENDS = {"fx": Frontend.TORCH_FX, "export": Frontend.TORCH_EXPORT}
+
+
+@pytest.mark.parametrize("path", list(FRONTENDS))
+def test_user_hooks_run_once_per_call_on_real_tensors(path: str) -> None:
+    model = Branchy(path == "export").eval()
     seen = _hooks(model)
     x = torch.randn(3, 4)
     expected = model(x)
@@ -59,17 +65,18 @@ def test_user_hooks_on_the_export_path_run_once_per_call_on_real_tensors() -> No
         assert len(seen) == 2 * (call + 1)
         assert all(a is torch.Tensor and o is torch.Tensor for _, a, o in seen)
     captured = fmodel.captured
-    assert captured.graph.frontend is Frontend.TORCH_EXPORT
+    assert captured.graph.frontend is FRONTENDS[path]
     assert fmodel.traces == 1
     for call in range(3):  # the module's point holds what the hook returned
         assert torch.equal(torch.from_numpy(captured.get("fc", call=call)), fc_out)
     assert [module for module, _, _ in seen[:2]] == ["fc", "block"]
 
 
-def test_a_hook_removed_after_the_trace_no_longer_runs() -> None:
-    model = Branchy().eval()
+@pytest.mark.parametrize("path", list(FRONTENDS))
+def test_a_hook_removed_after_the_trace_no_longer_runs(path: str) -> None:
+    model = Branchy(path == "export").eval()
     calls: list[int] = []
-    handle = model.fc.register_forward_hook(lambda m, a, out: calls.append(1))
+    handle = model.block.register_forward_hook(lambda m, a, out: calls.append(1))
     fmodel = clouseau.instrument(model, select="*", path=None)
     x = torch.randn(3, 4)
     fmodel(x)
@@ -78,10 +85,11 @@ def test_a_hook_removed_after_the_trace_no_longer_runs() -> None:
     assert calls == [1]
 
 
+@pytest.mark.parametrize("path", list(FRONTENDS))
 @pytest.mark.parametrize("hooked", [False, True], ids=["plain", "hooked"])
-def test_module_outputs_with_user_hooks_equal_forward_hooks(hooked: bool) -> None:
-    model = Branchy().eval()
+def test_module_outputs_with_user_hooks_equal_forward_hooks(hooked: bool, path: str) -> None:
+    model = Branchy(path == "export").eval()
     if hooked:
         _hooks(model)
     graph = check_model(model, torch.randn(3, 4))
-    assert graph.frontend is Frontend.TORCH_EXPORT
+    assert graph.frontend is FRONTENDS[path]

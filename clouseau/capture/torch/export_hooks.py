@@ -177,6 +177,23 @@ def hook_nodes(
     return placed
 
 
+def hooks_runner(module: torch.nn.Module) -> Callable[..., Any]:
+    """The fx call target running ``module``'s forward hooks on (args, kwargs, output)."""
+
+    def forward_hooks(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+        hooks = module._forward_hooks
+        return run_hooks(module, hooks, set(module._forward_hooks_with_kwargs), args, kwargs, out)
+
+    forward_hooks.clouseau_hooks = True  # type: ignore[attr-defined]
+    return forward_hooks
+
+
+def is_hooks_runner(target: Any) -> bool:
+    """Whether an fx call target runs a user's hooks (a shape run skips it: a hook is
+    the user's code, run once per call)."""
+    return getattr(target, "clouseau_hooks", False)
+
+
 def _runner(deferred: Deferred, hooked: HookedCall) -> Callable[..., Any]:
     module = hooked.module
 

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from clouseau.capture.torch.export_hooks import hooks_runner, run_hooks
 from clouseau.capture.torch.names import PointNamer, element_paths
 from clouseau.capture.torch.naming import (
     INPLACE_OPERATORS,
@@ -131,14 +132,36 @@ class NamingTracer(fx.Tracer):
         kwargs: dict[str, Any],
     ) -> Any:
         path = self.path_of_module(m)
+        leaf = self.is_leaf_module(m, path)
         outer, self._where = self._where, (path, type(m).__name__)
+        hooks = None if leaf or not m._forward_hooks else dict(m._forward_hooks)
         try:
+            if hooks is not None:  # traced through: the hooks would run once, on proxies
+                m._forward_hooks.clear()
             out = super().call_module(m, forward, args, kwargs)
         finally:
+            if hooks is not None:
+                m._forward_hooks.update(hooks)
+        try:
+            if hooks is not None:  # named inside the module: <path>.forward_hooks
+                out = self._hooks_node(m, args, kwargs, out)
+        finally:
             self._where = outer
-        if not self.is_leaf_module(m, path):
+        if not leaf:
             self.calls.append((path, None, out))
         return out
+
+    def _hooks_node(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+    ) -> Any:
+        """A node that runs ``module``'s forward hooks on every call, as ``__call__`` does
+        (a leaf module's call node runs them by itself)."""
+        if not isinstance(out, fx.Proxy):  # the hooks see the traced values: as eager
+            return run_hooks(
+                module, module._forward_hooks, set(module._forward_hooks_with_kwargs),
+                args, kwargs, out,
+            )  # fmt: skip
+        return self.create_proxy("call_function", hooks_runner(module), (args, kwargs, out), {})
 
     def name_nodes(self, graph: fx.Graph) -> None:
         """Name every node once the trace is complete: module calls first, in call order
