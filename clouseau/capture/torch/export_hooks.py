@@ -68,7 +68,8 @@ class Deferred:
     def take(self, module: torch.nn.Module, call: int, out: Any, args: Any, kwargs: Any) -> Any:
         """At the module's output: defer its hooks to the graph (a tensor output outside
         any region), or run them now; returns the output the model goes on with."""
-        entry = self.pending[module].pop()
+        stack = self.pending[module]
+        entry = stack.pop() if stack else None  # no pre-hook ran: run the hooks now
         if entry is not None and isinstance(out, torch.Tensor):
             k, spec, leaves = entry
             self.calls[call] = HookedCall(module, k, spec, leaves)

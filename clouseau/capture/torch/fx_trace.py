@@ -156,12 +156,18 @@ class NamingTracer(fx.Tracer):
     ) -> Any:
         """A node that runs ``module``'s forward hooks on every call, as ``__call__`` does
         (a leaf module's call node runs them by itself)."""
-        if not isinstance(out, fx.Proxy):  # the hooks see the traced values: as eager
-            return run_hooks(
-                module, module._forward_hooks, set(module._forward_hooks_with_kwargs),
-                args, kwargs, out,
-            )  # fmt: skip
-        return self.create_proxy("call_function", hooks_runner(module), (args, kwargs, out), {})
+        if isinstance(out, fx.Proxy):
+            try:
+                target = hooks_runner(module)
+                return self.create_proxy("call_function", target, (args, kwargs, out), {})
+            except (NotImplementedError, TypeError):
+                pass  # an argument fx cannot put in a graph (an arbitrary object)
+        # An output that is not one traced value (a tuple), or arguments fx cannot hold:
+        # the hooks run now, on the traced values, as torch.fx runs them by itself.
+        return run_hooks(
+            module, module._forward_hooks, set(module._forward_hooks_with_kwargs),
+            args, kwargs, out,
+        )  # fmt: skip
 
     def name_nodes(self, graph: fx.Graph) -> None:
         """Name every node once the trace is complete: module calls first, in call order
