@@ -93,3 +93,22 @@ def test_module_outputs_with_user_hooks_equal_forward_hooks(hooked: bool, path: 
         _hooks(model)
     graph = check_model(model, torch.randn(3, 4))
     assert graph.frontend is FRONTENDS[path]
+
+
+@pytest.mark.parametrize("path", list(FRONTENDS))
+def test_a_hook_on_the_model_itself_runs_once_per_call_around_the_graph(path: str) -> None:
+    model = Branchy(path == "export").eval()
+    seen: list[type] = []
+
+    def double(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+        seen.append(type(out))
+        return out * 2
+
+    model.register_forward_hook(double)
+    x = torch.randn(3, 4)
+    expected = model(x)
+    fmodel = clouseau.instrument(model, select="*", path=None)
+    for call in range(2):
+        assert torch.equal(fmodel(x), expected)
+        assert seen == [torch.Tensor] * (call + 2)  # the eager call, then one per call
+    assert fmodel.captured.graph.frontend is FRONTENDS[path]

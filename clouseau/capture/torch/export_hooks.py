@@ -99,6 +99,9 @@ def deferring(model: torch.nn.Module, state: Callable[[], tuple[Any, ...]]) -> I
     """Set the user forward hooks of ``model``'s submodules aside while the block exports."""
     deferred = Deferred(state=state())
     handles = []
+    # The model's own hooks run around the graph (InstrumentedModule.forward), not in it.
+    own = dict(model._forward_hooks)
+    model._forward_hooks.clear()
     for module in model.modules():
         if module is model or not module._forward_hooks:
             continue
@@ -112,7 +115,7 @@ def deferring(model: torch.nn.Module, state: Callable[[], tuple[Any, ...]]) -> I
     finally:
         for handle in handles:
             handle.remove()
-        for module, hooks in deferred.hooks.items():
+        for module, hooks in [*deferred.hooks.items(), (model, own)]:
             module._forward_hooks.clear()
             module._forward_hooks.update(hooks)
 
