@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.export_trace import trace_export
 from clouseau.capture.torch.flop_ops import category
 from clouseau.capture.torch.fx_trace import trace_fx
+from clouseau.capture.torch.live import PROVISIONAL, LivePlan
 from clouseau.capture.torch.naming import source_from_exception, source_from_stack
 from clouseau.capture.torch.probe import FirstRun, Probe, probe, probe_call
 from clouseau.capture.torch.symbolic import Symbols, export_symbols, fx_symbols
@@ -69,12 +71,19 @@ class TracedModel:
 
 
 def trace_model(
-    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, live: bool = False
+    model: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    live: bool = False,
+    changes: Callable[[Graph], LivePlan] | None = None,
 ) -> TracedModel:
     """Trace ``model(*args, **kwargs)`` with torch.fx, or torch.export when fx fails.
 
     With ``live`` the probe run is the user's call itself (its output and values are in
     ``first``); otherwise it runs on copies and leaves the model, hooks aside, untouched.
+    ``changes`` (with ``live``): the plan of the interventions and gradient taps the call
+    applies, from the provisional IR of the traced graph.
 
     Raises
     ------
@@ -101,14 +110,18 @@ def trace_model(
     )
     # Tracers patch torch.nn.Module process-wide: no lowered graph may run meanwhile.
     with TRACE_LOCK.exclusive():
-        return _trace_model(model, args, kwargs, live)
+        return _trace_model(model, args, kwargs, live, changes)
 
 
 def _trace_model(
-    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], live: bool
+    model: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    live: bool,
+    changes: Callable[[Graph], LivePlan] | None = None,
 ) -> TracedModel:
     fx_infos: Mapping[str, NodeInfo] | None = None
-    run = _live_probe if live else _probe
+    run = partial(_live_probe, changes) if live else _probe
     try:
         traced = trace_fx(model, args, kwargs)
         fx_infos = traced.infos
@@ -156,9 +169,18 @@ def _probe(
 
 
 def _live_probe(
-    traced: Traced, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    changes: Callable[[Graph], LivePlan] | None,
+    traced: Traced,
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> tuple[Probe, FirstRun]:
-    return probe_call(traced.gm, model, traced.to_inputs(args, kwargs))
+    plan = None
+    if changes is not None:
+        # Names and point kinds do not depend on shapes: any spec picks the same values.
+        provisional = Probe({name: PROVISIONAL for name in traced.infos}, frozenset(), frozenset())
+        plan = changes(build_graph(model, traced, provisional))
+    return probe_call(traced.gm, model, traced.to_inputs(args, kwargs), plan)
 
 
 def build_graph(

@@ -15,6 +15,7 @@ from clouseau.capture.torch._compat import (
     register_cache_pytrees,
 )
 from clouseau.capture.torch._sync import TRACE_LOCK
+from clouseau.capture.torch.export_hooks import run_hooks
 from clouseau.capture.torch.export_trace import DYNAMIC_EXPORT
 from clouseau.capture.torch.host import saved_values, to_numpy
 from clouseau.capture.torch.intervene import emitting_grads
@@ -175,6 +176,9 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     ) -> None:
         super().__init__()
         self.model = model
+        # The model's own forward hooks (the same dict, hooks added later included): the
+        # traced graph is its forward, so they run around it, as model.__call__ runs them.
+        self._root_hooks = model._forward_hooks
         register_cache_pytrees(model)  # so that the first call's cache is keyed as later ones
         self._sink = sink
         self._select = select
@@ -250,6 +254,14 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             TRACE_LOCK.exit_shared()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        out = self._run(args, kwargs)
+        if self._root_hooks and self._tier is None:  # the graph holds the model's forward only
+            model = self.model
+            kw = set(model._forward_hooks_with_kwargs)
+            return run_hooks(model, self._root_hooks, kw, args, kwargs, out)
+        return out
+
+    def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         entry = self._lowered.get(self._key(args, kwargs))
         if entry is None:
             entry, first = self._new_entry(args, kwargs, live=True)
@@ -310,7 +322,9 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         sink = self._sink
         call = sink.begin_call()
         try:
-            values = tuple(first.values[t.key] for t in entry.targets)
+            if first.grads is not None:  # backward runs later: its taps put into this call
+                first.grads.emit = partial(self._put_grad, call, entry.graph_id)
+            values = tuple(first.value(t.key, changed=t.changed) for t in entry.targets)
             sink.put(call, entry.graph_id, saved_values(entry.targets, values, first=True))
         except BaseException as error:
             sink.fail_call(call, error)
