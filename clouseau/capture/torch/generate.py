@@ -10,6 +10,7 @@ sequence and cache lengths dynamic.
 
 from __future__ import annotations
 
+from functools import wraps
 from typing import Any
 
 import torch
@@ -35,6 +36,10 @@ def generate(fmodel: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     own = model.__dict__.get("forward")
     config = getattr(model, "config", None)
 
+    # generate reads forward's signature to choose what it passes (position_ids built
+    # from the attention mask, logits_to_keep): the step keeps the model's own signature,
+    # or a left-padded batch would run with default positions, silently other values.
+    @wraps(model.forward)
     def step(*a: Any, **kw: Any) -> Any:
         # The instrumented model traces and runs with the model's own forward.
         _set_forward(model, own)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import replace
 from functools import partial
-from operator import attrgetter
 from typing import Any
 
 import torch
@@ -16,6 +15,7 @@ from clouseau.capture.torch._compat import (
 )
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.export_trace import DYNAMIC_EXPORT
+from clouseau.capture.torch.guards import ModuleState
 from clouseau.capture.torch.host import saved_values, to_numpy
 from clouseau.capture.torch.intervene import emitting_grads
 from clouseau.capture.torch.ir_build import UntraceableError
@@ -35,7 +35,6 @@ from clouseau.ir.interventions import Grads
 from clouseau.ir.selection import SelectLike
 from clouseau.ir.sink import SavedValue, Sink
 
-_training = attrgetter("training")
 # Runs a function outside Dynamo (a graph break around it) under torch.compile.
 _eager = torch.compiler.disable
 
@@ -187,7 +186,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         # guards accept the call.
         self._lowered: dict[Hashable, Any] = {}
         self._by_structure: dict[Hashable, list[_Entry]] = {}
-        self._module_list: tuple[torch.nn.Module, ...] | None = None
+        self._state: ModuleState | None = None
         self._traces = 0
         self._tier: Any = None  # the dynamic or hook tier, once fx and export failed
         self.register_state_dict_post_hook(_model_keys)
@@ -330,11 +329,12 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         of: Callable[[Any], Hashable] | None = None,
     ) -> Hashable:
         of = of or exact_key
-        modules = self._module_list
-        if modules is None:  # walking the module tree each call costs more
-            modules = self._module_list = tuple(self.model.modules())
+        state = self._state
+        if state is None:  # walking the module tree each call costs more
+            state = self._state = ModuleState(self.model.modules())
         kw = tuple(sorted((k, of(v)) for k, v in kwargs.items())) if kwargs else ()
-        return (tuple(map(of, args)), kw, tuple(map(_training, modules)))
+        # The modules' state too (training flags, plain attributes): a graph bakes it in.
+        return (tuple(map(of, args)), kw, state.key())
 
     def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self._new_entry(args, kwargs, live=False)[0]
@@ -429,7 +429,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self._lowered.clear()
         self._by_structure.clear()
-        self._module_list = None
+        self._state = None
         return super()._apply(fn, *args, **kwargs)
 
     def extra_repr(self) -> str:
