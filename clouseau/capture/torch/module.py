@@ -189,6 +189,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         self._state: ModuleState | None = None
         self._traces = 0
         self._tier: Any = None  # the dynamic or hook tier, once fx and export failed
+        self._hooks: Any = None  # generate's hook capture; False: the selection needs a trace
         self.register_state_dict_post_hook(_model_keys)
         self.register_load_state_dict_pre_hook(_wrapper_keys)
 
@@ -218,6 +219,19 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         from clouseau.capture.torch.generate import generate
 
         return generate(self, *args, **kwargs)
+
+    def _hook_capture(self) -> Any:
+        """generate's capture through forward hooks, or None when the selection may pick
+        more than module outputs (or there are interventions or gradients)."""
+        if self._hooks is None:
+            from clouseau.capture.torch.hooks_tier import HookCapture, module_paths_selected
+
+            plain = not self._intervene and not self._grads
+            paths = module_paths_selected(self.model, self._select) if plain else None
+            self._hooks = (
+                HookCapture(self.model, self._select, self._sink, paths) if paths else False
+            )
+        return self._hooks or None
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(dir(self.model)))
