@@ -22,7 +22,7 @@ import torch
 
 from clouseau.capture.torch.host import to_numpy
 from clouseau.capture.torch.naming import is_user_file, spec_of
-from clouseau.capture.torch.regions import RegionCompiler
+from clouseau.capture.torch.regions import RegionCompiler, RootSkipped
 from clouseau.ir.actions import Action
 from clouseau.ir.graph import Frontend, Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref
 from clouseau.ir.selection import SelectLike, select_points
@@ -66,7 +66,8 @@ class DynamicTier:
                 # Dynamo failed, on its own or on the model's error met while compiling:
                 # the eager run with hooks tells which (and raises the model's own error).
                 out = self.hooks.run(call, args, kwargs)
-                self.failure = f"TorchDynamo: {first_line(error)}"
+                skipped = _root_skipped(error)
+                self.failure = str(skipped) if skipped else f"TorchDynamo: {first_line(error)}"
         except BaseException as error:
             sink.fail_call(call, error)
             raise
@@ -77,6 +78,17 @@ class DynamicTier:
 def first_line(error: BaseException) -> str:
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _root_skipped(error: BaseException | None) -> RootSkipped | None:
+    """The :class:`RootSkipped` behind Dynamo's wrapping of a backend failure, if any."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, RootSkipped):
+            return error
+        error = getattr(error, "inner_exception", None) or error.__cause__
+        seen += 1
+    return None
 
 
 def dynamo_failed(error: BaseException) -> bool:
