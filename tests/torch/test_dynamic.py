@@ -176,3 +176,24 @@ def test_hooks_when_dynamo_fails_too(monkeypatch: pytest.MonkeyPatch) -> None:
     call = cap.calls[-1]
     for path, outputs in hooks.outputs.items():
         assert_same(cap.get(path, call=call), outputs[0])
+
+
+class _NoisyMoE(dm.TopKMoE):
+    """A random draw before the expert loop: the first call's start over with hooks (Dynamo
+    skips forward) must draw it again alike."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x + torch.rand_like(x))
+
+
+def test_a_call_that_starts_over_with_hooks_draws_alike() -> None:
+    model = _NoisyMoE()
+    fmodel = clouseau.instrument(model, select="*", path=None)
+    x = _inputs(1) * 2
+    torch.manual_seed(5)
+    expected, hooks = eager_with_hooks(model, x)
+    torch.manual_seed(5)
+    with pytest.warns(UserWarning, match="hook tier"):
+        assert_same(fmodel(x), expected)
+    for path, outputs in hooks.outputs.items():
+        assert_same(fmodel.captured.get(path, call=0), outputs[0])

@@ -56,6 +56,9 @@ class DynamicTier:
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         sink = self._sink
         call = sink.begin_call()
+        # Until the root's forward is compiled, a call may start over with hooks: the
+        # random draws made before that must be drawn again alike.
+        rng = None if self.compiler.root_compiled else torch.get_rng_state()
         try:
             try:
                 with self.compiler.call(call):
@@ -65,6 +68,8 @@ class DynamicTier:
                     raise
                 # Dynamo failed, on its own or on the model's error met while compiling:
                 # the eager run with hooks tells which (and raises the model's own error).
+                if rng is not None:
+                    torch.set_rng_state(rng)
                 out = self.hooks.run(call, args, kwargs)
                 skipped = _root_skipped(error)
                 self.failure = str(skipped) if skipped else f"TorchDynamo: {first_line(error)}"
