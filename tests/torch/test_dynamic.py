@@ -179,8 +179,8 @@ def test_hooks_when_dynamo_fails_too(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class _NoisyMoE(dm.TopKMoE):
-    """A random draw before the expert loop: the first call's start over with hooks (Dynamo
-    skips forward) must draw it again alike."""
+    """A random draw, then the expert loop in ``super().forward``: Dynamo compiles this
+    forward and skips the inherited one; the call starts over with hooks and draws alike."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x + torch.rand_like(x))

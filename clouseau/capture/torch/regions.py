@@ -167,9 +167,9 @@ class RegionCompiler:
         if frame is None or self._root is None or frame is self._root:
             self.root_compiled = True
             return "", ""
-        if not self.root_compiled and _runs_uncompiled(self._root):
-            # Dynamo skipped the root's forward, which now runs eagerly: its modules would
-            # go unseen. Nothing has been saved yet: fail, so the call runs with hooks.
+        if _runs_uncompiled(self._root):
+            # Dynamo skipped the root's forward (or a super().forward it calls), which now
+            # runs eagerly: its modules would go unseen. Fail, so the call runs with hooks.
             raise RootSkipped(type(self._root).__name__)
         return self._paths.get(id(frame), ""), type(frame).__qualname__
 
@@ -247,12 +247,19 @@ class RootSkipped(Exception):
 
 
 def _runs_uncompiled(module: torch.nn.Module) -> bool:
-    """Whether ``module.forward``'s own bytecode is on the stack (Dynamo runs a frame it
-    compiled from transformed bytecode, and one it skipped from the original)."""
-    code = getattr(type(module).forward, "__code__", None)
+    """Whether the original bytecode of a ``forward`` of ``module``'s class (or a base)
+    is on the stack: Dynamo runs a frame it compiled from transformed bytecode, and one
+    it skipped from the original."""
+    codes = {
+        code
+        for cls in type(module).__mro__
+        if cls is not torch.nn.Module
+        for code in [getattr(cls.__dict__.get("forward"), "__code__", None)]
+        if code is not None
+    }
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_code is code:
+        if frame.f_code in codes:
             return True
         frame = frame.f_back
     return False
