@@ -85,7 +85,8 @@ def _is_op_name(name: str) -> bool:
     return any(hasattr(space, name) or hasattr(space, name + "_") for space in spaces)
 
 
-# One module output met in a call: (raw path, module type, [(suffix, host array, spec)]).
+# One module output met in a call: (raw path, module type, [(suffix, host array,
+# (shape, dtype))]).
 _Met = tuple[str, str, list[tuple[str, Any, Any]]]
 
 
@@ -142,7 +143,7 @@ class HookCapture:
             return
         # Copied now: a later in-place op (ReLU(inplace=True)) must not change it.
         elements = [
-            (s, to_numpy(v), spec_of(v))
+            (s, to_numpy(v), (v.shape, v.dtype))
             for s, v in element_paths(out)
             if isinstance(v, torch.Tensor)
         ]
@@ -209,7 +210,7 @@ class HookCapture:
                         kind=NodeKind.OP,
                         op=kind.lower(),
                         inputs=(Ref("input"),),
-                        outputs=(spec,),
+                        outputs=(spec_of(torch.empty(spec[0], dtype=spec[1], device="meta")),),
                         module=namer.path(path),
                         module_type=kind,
                         aliases=tuple((0, n) for n in node_names[1:]),
