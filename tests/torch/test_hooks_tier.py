@@ -1,5 +1,5 @@
-"""The hook path (``fmodel.generate`` with a module-only selection): the traced tiers'
-names and values, from forward hooks with no trace.
+"""The hook path (a selection of module outputs only): the traced tiers' names and
+values, from forward hooks with no trace.
 
 Each model runs once through the traced path and once through the hook path with the same
 selection; both captures hold the same names, with equal values.
@@ -16,6 +16,7 @@ import torch
 import clouseau
 from clouseau.capture.torch.hooks_tier import module_paths_selected
 from clouseau.ir.graph import Frontend
+from clouseau.ir.selection import as_selector
 
 
 def _gpt2() -> tuple[torch.nn.Module, tuple[Any, ...], list[str]]:
@@ -55,15 +56,15 @@ def _resnet() -> tuple[torch.nn.Module, tuple[Any, ...], list[str]]:
 def test_hooks_name_and_save_what_the_trace_does(make: Any) -> None:
     torch.manual_seed(0)
     model, args, select = make()
-    traced = clouseau.instrument(model, select=select, path=None)
+    # The same selection as a Selector object: the hook path takes globs only.
+    traced = clouseau.instrument(model, select=as_selector(select), path=None)
     with torch.no_grad():
         traced(*args)
     hooked = clouseau.instrument(model, select=select, path=None)
-    capture = hooked._hook_capture()
-    assert capture is not None
-    with torch.no_grad(), capture.installed((model,)):
-        model(*args)
+    with torch.no_grad():
+        hooked(*args)
     want, got = traced.captured, hooked.captured
+    assert want.graph.frontend is not Frontend.TORCH_HOOKS
     assert got.graph.frontend is Frontend.TORCH_HOOKS
     assert hooked.traces == 0
     assert set(got.names()) == set(want.names())

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -85,9 +86,9 @@ def _is_op_name(name: str) -> bool:
     return any(hasattr(space, name) or hasattr(space, name + "_") for space in spaces)
 
 
-# One module output met in a call: (raw path, module type, [(suffix, host array,
-# (shape, dtype))]).
-_Met = tuple[str, str, list[tuple[str, Any, Any]]]
+# One module output met in a call: (raw path, module type, [(suffix, value index,
+# (shape, dtype))]); the values, copied to the host, are listed once per call.
+_Met = tuple[str, str, list[tuple[str, int, Any]]]
 
 
 class HookCapture:
@@ -107,12 +108,33 @@ class HookCapture:
         self._graphs: dict[Any, tuple[int, tuple[tuple[str, ...], ...]]] = {}
         self._names: dict[tuple[str, ...], list[str]] = {}
         self._met: list[_Met] = []
+        self._values: list[Any] = []
+        self._seen: dict[Any, int] = {}
         self._call: int | None = None
         self._root: torch.nn.Module | None = None
+        # One hooked run at a time; the hooks ignore other threads (which may run the
+        # model itself meanwhile).
+        self._lock = threading.Lock()
+        self._thread: int | None = None
+
+    def run(self, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One call of ``model``, its selected module outputs saved as one call."""
+        with self.installed((model,)):
+            return model(*args, **kwargs)
 
     @contextmanager
     def installed(self, roots: Sequence[torch.nn.Module]) -> Iterator[None]:
         """Hooks on the roots (call boundaries) and the selected modules while it runs."""
+        with self._lock:
+            self._thread = threading.get_ident()
+            try:
+                with self._hooked(roots):
+                    yield
+            finally:
+                self._thread = None
+
+    @contextmanager
+    def _hooked(self, roots: Sequence[torch.nn.Module]) -> Iterator[None]:
         handles = []
         modules = dict(self._model.named_modules())
         for path in self._paths:
@@ -133,40 +155,54 @@ class HookCapture:
                 handle.remove()
 
     def _begin(self, module: torch.nn.Module, args: Any) -> None:
-        if self._call is None:
-            self._met = []
+        if self._call is None and threading.get_ident() == self._thread:
+            self._met, self._values, self._seen = [], [], {}
             self._root = module
             self._call = self._sink.begin_call()
 
     def _record(self, path: str, module: torch.nn.Module, args: Any, out: Any) -> None:
-        if self._call is None:
+        if self._call is None or threading.get_ident() != self._thread:
             return
-        # Copied now: a later in-place op (ReLU(inplace=True)) must not change it.
         elements = [
-            (s, to_numpy(v), (v.shape, v.dtype))
+            (s, self._value(v), (v.shape, v.dtype))
             for s, v in element_paths(out)
             if isinstance(v, torch.Tensor)
         ]
         if elements:
             self._met.append((path, type(module).__name__, elements))
 
+    def _value(self, t: torch.Tensor) -> int:
+        """The index of ``t``'s value in this call, copied to the host on first sight.
+
+        A tensor two modules return unchanged (a block's output that is its last ReLU's,
+        ``nn.Identity``) is one value, saved once with all its names, as in the traced
+        tiers; a later in-place op bumps its version and makes another value.
+        """
+        ident = (t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device)
+        found = self._seen.get(ident)
+        if found is None:
+            # Copied now: a later in-place op (ReLU(inplace=True)) must not change it.
+            found = self._seen[ident] = len(self._values)
+            # The tensor itself too, till the call ends: its memory is not reused by
+            # another tensor meanwhile, which would take its identity.
+            self._values.append((to_numpy(t), t))
+        return found
+
     def _end(self, module: torch.nn.Module, args: Any, out: Any) -> None:
-        if module is not self._root or self._call is None:
+        if module is not self._root or self._call is None or threading.get_ident() != self._thread:
             return
         call, self._call, self._root = self._call, None, None
         try:
             graph_id, saves = self._graph(self._met)
             values = [
-                SavedValue(names, names[0], array)
-                for names, (_, array, _) in zip(saves, _elements(self._met), strict=True)
-                if names
+                SavedValue(names, node, self._values[index][0]) for index, node, names in saves
             ]
             self._sink.put(call, graph_id, values)
         except BaseException as error:
             self._sink.fail_call(call, error)
             raise
         finally:
-            self._met = []
+            self._met, self._values, self._seen = [], [], {}
         self._sink.end_call(call)
 
     def _call_names(self, met: list[_Met]) -> list[str]:
@@ -178,45 +214,43 @@ class HookCapture:
             found = self._names[key] = [namer.module_output(path) for path in key]
         return found
 
-    def _graph(self, met: list[_Met]) -> tuple[int, tuple[tuple[str, ...], ...]]:
-        """The graph id of this sequence of outputs, and the selected names of each element."""
+    def _graph(self, met: list[_Met]) -> tuple[int, tuple[tuple[int, str, tuple[str, ...]], ...]]:
+        """The graph id of this sequence of outputs; per saved value, its index in the
+        call, its node and its selected names."""
         names = self._call_names(met)
-        key = (
-            tuple(names),
-            tuple((s, spec) for _, _, els in met for s, _, spec in els),
-        )
+        key = (tuple(names), tuple((s, i, spec) for _, _, els in met for s, i, spec in els))
         found = self._graphs.get(key)
         if found is None:
-            graph = insert_saves(self._module_graph(names, met), self._select, strict=False)
+            values = _values(names, met)
+            graph = insert_saves(self._module_graph(values), self._select, strict=False)
             chosen = {p.name for p in select_points(graph, self._select, strict=False)}
             saves = tuple(
-                tuple(n for n in _element_names(name, s, first) if n in chosen)
-                for name, (_, _, els) in zip(names, met, strict=True)
-                for first, (s, _, _) in _firsts(els)
+                (index, value_names[0], picked)
+                for index, (value_names, _, _, _) in values.items()
+                for picked in [tuple(n for n in value_names if n in chosen)]
+                if picked
             )
             found = self._graphs[key] = (self._sink.add_graph(graph), saves)
         return found
 
-    def _module_graph(self, names: list[str], met: list[_Met]) -> Graph:
+    def _module_graph(self, values: dict[int, tuple[list[str], str, str, Any]]) -> Graph:
         # The inputs as one opaque value: module outputs are the points of this path.
         nodes = [Node("input", NodeKind.INPUT, "input", outputs=(OpaqueSpec("inputs"),))]
         namer = PointNamer(self._model)
-        for name, (path, kind, els) in zip(names, met, strict=True):
-            for first, (suffix, _, spec) in _firsts(els):
-                node_names = _element_names(name, suffix, first)
-                nodes.append(
-                    Node(
-                        name=node_names[0],
-                        kind=NodeKind.OP,
-                        op=kind.lower(),
-                        inputs=(Ref("input"),),
-                        outputs=(spec_of(torch.empty(spec[0], dtype=spec[1], device="meta")),),
-                        module=namer.path(path),
-                        module_type=kind,
-                        aliases=tuple((0, n) for n in node_names[1:]),
-                        attrs=(("module_output", True),),
-                    )
+        for value_names, path, kind, (shape, dtype) in values.values():
+            nodes.append(
+                Node(
+                    name=value_names[0],
+                    kind=NodeKind.OP,
+                    op=kind.lower(),
+                    inputs=(Ref("input"),),
+                    outputs=(spec_of(torch.empty(shape, dtype=dtype, device="meta")),),
+                    module=namer.path(path),
+                    module_type=kind,
+                    aliases=tuple((0, n) for n in value_names[1:]),
+                    attrs=(("module_output", True),),
                 )
+            )
         nodes.append(Node("output", NodeKind.OUTPUT, "output"))
         modules = tuple(
             ModuleInfo(path, type(m).__name__, sum(p.numel() for p in m.parameters()))
@@ -233,11 +267,16 @@ class HookCapture:
         )
 
 
-def _firsts(
-    elements: list[tuple[str, Any, Any]],
-) -> Iterator[tuple[bool, tuple[str, Any, Any]]]:
-    for i, element in enumerate(elements):
-        yield i == 0, element
+def _values(names: list[str], met: list[_Met]) -> dict[int, tuple[list[str], str, str, Any]]:
+    """Per value of the call, in order of first sight: every name it has, and the module
+    path, type and (shape, dtype) of its first producer."""
+    values: dict[int, tuple[list[str], str, str, Any]] = {}
+    for name, (path, kind, els) in zip(names, met, strict=True):
+        for position, (suffix, index, spec) in enumerate(els):
+            value = values.setdefault(index, ([], path, kind, spec))
+            fresh = _element_names(name, suffix, position == 0)
+            value[0].extend(n for n in fresh if n not in value[0])
+    return values
 
 
 def _element_names(name: str, suffix: str, first: bool) -> tuple[str, ...]:
@@ -246,8 +285,3 @@ def _element_names(name: str, suffix: str, first: bool) -> tuple[str, ...]:
     if not suffix:
         return (name,)
     return (name, name + suffix) if first else (name + suffix,)
-
-
-def _elements(met: list[_Met]) -> Iterator[tuple[str, Any, Any]]:
-    for _, _, els in met:
-        yield from els

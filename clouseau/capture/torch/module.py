@@ -189,7 +189,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         self._state: ModuleState | None = None
         self._traces = 0
         self._tier: Any = None  # the dynamic or hook tier, once fx and export failed
-        self._hooks: Any = None  # generate's hook capture; False: the selection needs a trace
+        self._hooks: Any = None  # the hook capture; False: the selection needs a trace
         self.register_state_dict_post_hook(_model_keys)
         self.register_load_state_dict_pre_hook(_wrapper_keys)
 
@@ -221,8 +221,8 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         return generate(self, *args, **kwargs)
 
     def _hook_capture(self) -> Any:
-        """generate's capture through forward hooks, or None when the selection may pick
-        more than module outputs (or there are interventions or gradients)."""
+        """The capture through forward hooks, or None when the selection may pick more
+        than module outputs (or there are interventions or gradients)."""
         if self._hooks is None:
             from clouseau.capture.torch.hooks_tier import HookCapture, module_paths_selected
 
@@ -263,6 +263,9 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             TRACE_LOCK.exit_shared()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        hooks = self._hooks if self._hooks is not None else self._hook_capture()
+        if hooks:  # module outputs only: forward hooks, no trace (hooks_tier.py)
+            return hooks.run(self.model, args, kwargs)
         entry = self._lowered.get(self._key(args, kwargs))
         if entry is None:
             entry, first = self._new_entry(args, kwargs, live=True)
