@@ -197,3 +197,13 @@ def test_a_call_that_starts_over_with_hooks_draws_alike() -> None:
         assert_same(fmodel(x), expected)
     for path, outputs in hooks.outputs.items():
         assert_same(fmodel.captured.get(path, call=0), outputs[0])
+
+
+def test_dynamos_own_warnings_stay_off_stderr(capfd: pytest.CaptureFixture[str]) -> None:
+    # RandomDepth's int(tensor) is a graph break Dynamo warns about through logging.
+    fmodel = clouseau.instrument(dm.RandomDepth(), select="*", path=None)
+    with pytest.warns(UserWarning, match=TIER):
+        for i in range(4):
+            fmodel(_inputs(i))
+    err = capfd.readouterr().err
+    assert "Graph break" not in err and "torch._dynamo" not in err, err

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from clouseau.capture.torch._quiet import quiet_dynamo
 from clouseau.capture.torch.host import to_numpy
 from clouseau.capture.torch.naming import is_user_file, spec_of
 from clouseau.capture.torch.regions import RegionCompiler, RootSkipped
@@ -61,7 +62,7 @@ class DynamicTier:
         rng = None if self.compiler.root_compiled else torch.get_rng_state()
         try:
             try:
-                with self.compiler.call(call):
+                with self.compiler.call(call), quiet_dynamo():
                     out = self.compiled(*args, **kwargs)
             except Exception as error:
                 if not dynamo_failed(error):
