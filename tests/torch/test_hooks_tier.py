@@ -72,6 +72,19 @@ def test_hooks_name_and_save_what_the_trace_does(make: Any) -> None:
         np.testing.assert_array_equal(got.get(name, call=0), want.get(name, call=0))
 
 
+def test_many_shapes_one_graph_and_each_calls_values() -> None:
+    model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
+    fmodel = clouseau.instrument(model, select=["0.0", "0.1"], path=None)
+    inputs = [torch.randn(n, 4) for n in (3, 1, 7, 2)]
+    for x in inputs:
+        fmodel(x)
+    cap = fmodel.captured
+    assert len(cap.graphs) == 1 and fmodel.traces == 0
+    for call, x in enumerate(inputs):
+        with torch.no_grad():
+            np.testing.assert_array_equal(cap.get("0.0", call=call), model[0][0](x).numpy())
+
+
 def test_a_failing_call_is_recorded_as_failed() -> None:
     model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(3, 3)))
     fmodel = clouseau.instrument(model, select=["0.0"], path=None)

@@ -62,6 +62,7 @@ def test_gpt2_traces_a_few_times_for_fifty_sequence_lengths(traced: bool) -> Non
     if not traced:
         assert fmodel.traces == 0
         assert fmodel.captured.graph.frontend is clouseau.ir.Frontend.TORCH_HOOKS
+        assert len(fmodel.captured.graphs) == 1  # ranks, not sizes
         return
     assert fmodel.traces <= 3
     assert fmodel.captured.graph.frontend is clouseau.ir.Frontend.TORCH_EXPORT

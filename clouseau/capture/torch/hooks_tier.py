@@ -11,7 +11,8 @@ is copied to the host inside its hook, so a later in-place op cannot change it.
 
 The graph a capture stores for these calls is a module-level one (frontend
 ``torch.hooks``): an opaque input, one node per module output met, with its shape. One
-graph is recorded per distinct sequence of names and shapes (a prefill, the decode steps).
+graph is recorded per distinct sequence of names, ranks and dtypes, with the sizes of its
+first call (a new sequence length is no new graph); the files keep each array's shape.
 """
 
 from __future__ import annotations
@@ -210,6 +211,8 @@ class HookCapture:
         key = tuple(path for path, _, _ in met)
         found = self._names.get(key)
         if found is None:
+            if len(self._names) >= 4096:  # unbounded kinds of calls: start over
+                self._names.clear()
             namer = PointNamer(self._model)
             found = self._names[key] = [namer.module_output(path) for path in key]
         return found
@@ -218,7 +221,12 @@ class HookCapture:
         """The graph id of this sequence of outputs; per saved value, its index in the
         call, its node and its selected names."""
         names = self._call_names(met)
-        key = (tuple(names), tuple((s, i, spec) for _, _, els in met for s, i, spec in els))
+        # Ranks, not sizes: a new length is no new graph (it shows the first call's sizes;
+        # the files keep each array's own).
+        key = (
+            tuple(names),
+            tuple((s, i, len(shape), dtype) for _, _, els in met for s, i, (shape, dtype) in els),
+        )
         found = self._graphs.get(key)
         if found is None:
             values = _values(names, met)
