@@ -106,7 +106,8 @@ class HookCapture:
         self._select = select
         self._sink = sink
         self._paths = paths
-        self._graphs: dict[Any, tuple[int, tuple[tuple[str, ...], ...]]] = {}
+        # Per kind of call: its graph id and, per saved value, (index, node, names).
+        self._graphs: dict[Any, tuple[int, tuple[tuple[int, str, tuple[str, ...]], ...]]] = {}
         self._names: dict[tuple[str, ...], list[str]] = {}
         self._met: list[_Met] = []
         self._values: list[Any] = []
