@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 
+from clouseau.capture.torch._quiet import quiet_dynamo
 from clouseau.capture.torch.flop_ops import category
 from clouseau.capture.torch.host import to_numpy
 from clouseau.capture.torch.naming import is_user_file, spec_of
-from clouseau.capture.torch.regions import RegionCompiler
+from clouseau.capture.torch.regions import RegionCompiler, RootSkipped
 from clouseau.ir.actions import Action
 from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import Frontend, Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref
@@ -58,17 +59,23 @@ class DynamicTier:
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         sink = self._sink
         call = sink.begin_call()
+        # Until the root's forward is compiled, a call may start over with hooks: the
+        # random draws made before that must be drawn again alike.
+        rng = None if self.compiler.root_compiled else torch.get_rng_state()
         try:
             try:
-                with self.compiler.call(call):
+                with self.compiler.call(call), quiet_dynamo():
                     out = self.compiled(*args, **kwargs)
             except Exception as error:
                 if not dynamo_failed(error):
                     raise
                 # Dynamo failed, on its own or on the model's error met while compiling:
                 # the eager run with hooks tells which (and raises the model's own error).
+                if rng is not None:
+                    torch.set_rng_state(rng)
                 out = self.hooks.run(call, args, kwargs)
-                self.failure = f"TorchDynamo: {first_line(error)}"
+                skipped = _root_skipped(error)
+                self.failure = str(skipped) if skipped else f"TorchDynamo: {first_line(error)}"
         except BaseException as error:
             sink.fail_call(call, error)
             raise
@@ -79,6 +86,17 @@ class DynamicTier:
 def first_line(error: BaseException) -> str:
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _root_skipped(error: BaseException | None) -> RootSkipped | None:
+    """The :class:`RootSkipped` behind Dynamo's wrapping of a backend failure, if any."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, RootSkipped):
+            return error
+        error = getattr(error, "inner_exception", None) or error.__cause__
+        seen += 1
+    return None
 
 
 def dynamo_failed(error: BaseException) -> bool:
