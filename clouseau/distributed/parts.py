@@ -319,6 +319,10 @@ def load_parts(root: Path, strict: bool = False) -> PartedCapture:
         other files or calls, a part it does not list is present), or is damaged; with
         ``strict``, a damaged file in a part.
     """
+    from clouseau.distributed.blocks import is_blocks, load_blocks
+
+    if is_blocks(root):  # written by Ray workers (clouseau.ray.record)
+        return load_blocks(root)  # type: ignore[return-value]
     manifest = _read_manifest(root)
     on_disk = sorted(c.name for c in root.iterdir() if _PART.fullmatch(c.name) and c.is_dir())
     world = int(manifest["world_size"]) if manifest else _world_from_parts(root, on_disk)
