@@ -7,6 +7,7 @@ import faulthandler
 import functools
 import json
 import os
+import runpy
 import shutil
 import signal
 import sys
@@ -133,6 +134,13 @@ def test_ray_record_equals_one_process_and_survives_a_killed_actor(cluster, tmp_
     assert all(kept[b["file"]] == b["part"] for b in after["blocks"] if b["file"] in kept)
     shutil.rmtree(tmp_path / "single", ignore_errors=True)
     _assert_equals_single_process(resumed, tmp_path)
+
+
+def test_the_example_runs_as_is(cluster, tmp_path, monkeypatch, capsys) -> None:
+    # In this process's cluster (the example starts one only when none is running).
+    monkeypatch.setattr(sys, "argv", ["record_ray.py", str(tmp_path / "run"), "--batches", "4"])
+    runpy.run_path(str(ROOT / "examples" / "record_ray.py"), run_name="__main__")
+    assert "4 call(s)" in capsys.readouterr().out
 
 
 def test_a_second_run_on_the_path_is_refused(tmp_path) -> None:
