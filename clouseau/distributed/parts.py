@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from clouseau.distributed.merged import PartedCapture
+from clouseau.distributed.shards import ShardLog
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
 from clouseau.ir.sink import SavedValue
@@ -133,15 +134,22 @@ class PartSink(ForwardingSink):
             self._release()
             raise
         self._closed = False
+        self.shards = ShardLog(self.part)
         # Called once the part is complete on disk and once the manifest is (an uploader
         # publishes them there).
         self.publish: Callable[[], None] = _nothing
+
+    def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
+        if not self.group.interleave:  # SPMD: every process has every call
+            values = self.shards.expand(call, values, self.group.rank)
+        self.inner.put(call, graph_id, values)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         try:
+            self.shards.write()
             self.inner.close()
         finally:
             # Every rank takes part in the gather, even one whose writer failed: the
@@ -351,7 +359,7 @@ class _Merged:
             if keep is not None and old.call not in keep:
                 continue  # the manifest keeps this call from another part
             record = replace(old, call=glob(old.call), graph=old.graph + offset)
-            self.entries.append(Entry(record, entry.load))
+            self.entries.append(replace(entry, record=record))  # a shard stays one
             self.ranks.setdefault(record.call, rank)
         self.failed.update({glob(c): why for c, why in cap.failed_calls.items()})
         self.partial.update({glob(c): why for c, why in cap.partial_calls.items()})

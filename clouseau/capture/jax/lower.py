@@ -34,6 +34,7 @@ from jax.experimental import io_callback
 from clouseau.capture.jax import host
 from clouseau.capture.jax.jaxpr_trace import Traced
 from clouseau.capture.jax.rerun import Stream, run
+from clouseau.distributed._jax import multiprocess, to_host
 from clouseau.ir.errors import TraceError
 from clouseau.ir.graph import Graph
 from clouseau.ir.passes import producer_of
@@ -250,12 +251,17 @@ def lower(
     def collect(*arrays: Any) -> tuple[list[Any], list[Any]]:
         call, arrays = (arrays[0], arrays[1:]) if plan.streams else (None, arrays)
         outs, saved = run_call(closed, plan, arrays, replace(stream, call=call))
+        if multiprocess():  # values stay whole: a sharded one is written shard by shard
+            layouts[:] = [None]
+            return outs, saved
         layout, packed = pack(saved)
         layouts[:] = [layout]
         return outs, packed
 
     def unpack(packed: Sequence[Any]) -> list[Any]:
-        return host.cut(layouts[0], packed)
+        if layouts[0] is None:
+            return to_host(packed)
+        return host.cut(layouts[0], jax.device_get(packed))
 
     def emitting(*arrays: Any) -> list[Any]:
         call = begin_call(sink) if plan.streams else jnp.int32(-1)
