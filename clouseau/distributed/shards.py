@@ -39,6 +39,15 @@ class Shards:
     def ndim(self) -> int:
         return len(self.shape)
 
+    def __getitem__(self, index: object) -> Any:
+        # The host splits a value saved inside scan or while by iteration; the shards of
+        # one held by several processes are not split.
+        raise CaptureError(
+            "a point saved inside scan or while loops holds a value sharded over "
+            "several JAX processes, which clouseau cannot split by iteration; select "
+            "points outside the loop, or capture in one process"
+        )
+
 
 class ShardLog:
     """The shards a part wrote: ``"name|call|k"`` -> global shape and bounds."""

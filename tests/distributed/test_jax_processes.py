@@ -12,7 +12,7 @@ import pytest
 
 import clouseau
 from tests.distributed._jax_workload import inputs, model
-from tests.distributed.launch import ROOT, env, kill_tree
+from tests.distributed.launch import ROOT, env, kill_tree, run
 
 jax = pytest.importorskip("jax")
 
@@ -92,3 +92,9 @@ def test_record_splits_the_batches_between_processes(ran) -> None:
         for name, value in _unsharded(x).items():
             np.testing.assert_allclose(cap.get(name, call=call), value, rtol=1e-6)
     assert [(b.start, b.stop) for b in cap.batches] == [(0, 8), (8, 16), (16, 24), (24, 32)]
+
+
+def test_the_launcher_example_runs_as_is(tmp_path) -> None:
+    done = run([sys.executable, "examples/jax_processes.py", str(tmp_path / "run")], 300)
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert "1 call(s) from 2 processes" in done.stdout
