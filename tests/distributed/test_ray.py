@@ -25,7 +25,7 @@ from tests.distributed.launch import ROOT
 
 ray = pytest.importorskip("ray")
 
-pytestmark = pytest.mark.slow  # starting Ray alone takes 10-20 s here
+SLOW = pytest.mark.slow  # starting Ray alone takes 10-20 s here
 
 LIMIT_S = 240  # per test: a hung Ray run fails the test instead of the suite
 
@@ -100,6 +100,7 @@ def kill_once(marker: str, fmodel, batch):
     return fmodel(x)
 
 
+@SLOW
 def test_ray_record_equals_one_process_and_survives_a_killed_actor(cluster, tmp_path) -> None:
     marker = tmp_path / "killed"
     cap = _record(tmp_path / "run", forward=functools.partial(kill_once, str(marker)))
@@ -136,6 +137,7 @@ def test_ray_record_equals_one_process_and_survives_a_killed_actor(cluster, tmp_
     _assert_equals_single_process(resumed, tmp_path)
 
 
+@SLOW
 def test_the_example_runs_as_is(cluster, tmp_path, monkeypatch, capsys) -> None:
     # In this process's cluster (the example starts one only when none is running).
     monkeypatch.setattr(sys, "argv", ["record_ray.py", str(tmp_path / "run"), "--batches", "4"])
@@ -165,5 +167,15 @@ def test_a_manifest_that_lists_a_missing_block_is_refused(tmp_path) -> None:
         clouseau.load(root)
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-x", "-q"]))
+def test_a_manifest_with_two_blocks_of_the_same_rows_is_refused(tmp_path) -> None:
+    root = tmp_path / "run"
+    root.mkdir()
+    blocks = [
+        {"part": "part-000000000000", "file": f"block-{0:012d}-{'0' * 16}.safetensors"},
+        {"part": "part-000000000001", "file": f"block-{2:012d}-{'1' * 16}.safetensors"},
+    ]
+    blocks[0]["rows"], blocks[1]["rows"] = [[0, 4]], [[2, 6]]
+    manifest = {"format": "clouseau.blocks/1", "run": {}, "complete": True, "blocks": blocks}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(clouseau.CaptureError, match="hold the same rows"):
+        clouseau.load(root)
