@@ -53,14 +53,18 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--blocks", type=int, default=4, help="Ray Data blocks of the data")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
-    # One block per batch (a list of arrays is a block each), in order.
-    dataset = ray.data.from_numpy([batch(i, args.batch_size).numpy() for i in range(args.batches)])
+    # A list of arrays is a block each, in order: --blocks blocks of whole batches.
+    batches = [batch(i, args.batch_size).numpy() for i in range(args.batches)]
+    per_block = -(-args.batches // args.blocks)
+    blocks = [np.concatenate(batches[i : i + per_block]) for i in range(0, len(batches), per_block)]
+    dataset = ray.data.from_numpy(blocks)
     started = time.perf_counter()
     cap = clouseau.ray.record(
         dataset,
