@@ -93,7 +93,7 @@ def test_module_outputs_equal_hooks_and_names_equal_create_feature_extractor(nam
     captured = fmodel.captured
     paths = {p for p, _ in model.named_modules()}
     # torchvision returns a value a later in-place op changed (relu(inplace=True) after
-    # an add); clouseau saves the value at its point, a snapshot (DESIGN.md).
+    # an add); clouseau saves the value at its point, a snapshot (see clouseau/capture/torch/lower.py).
     lowered = fmodel.lowered(x)
     snapshots = {
         name

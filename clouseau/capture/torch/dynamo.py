@@ -20,10 +20,12 @@ from typing import Any
 
 import torch
 
+from clouseau.capture.torch.flop_ops import category
 from clouseau.capture.torch.host import to_numpy
 from clouseau.capture.torch.naming import is_user_file, spec_of
 from clouseau.capture.torch.regions import RegionCompiler
 from clouseau.ir.actions import Action
+from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import Frontend, Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref
 from clouseau.ir.selection import SelectLike, select_points
 from clouseau.ir.sink import SavedValue, Sink
@@ -186,6 +188,7 @@ def _module_graph(
                 outputs=(spec,),
                 module=name,
                 module_type=type(module).__name__,
+                attrs=category_attr(category(type(module).__name__)),
             )
         )
     nodes.append(Node("output", NodeKind.OUTPUT, "output"))

@@ -15,12 +15,14 @@ from clouseau.capture._arguments import check_arguments
 from clouseau.capture.torch._quiet import quiet_export
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.export_trace import trace_export
+from clouseau.capture.torch.flop_ops import category
 from clouseau.capture.torch.fx_trace import trace_fx
 from clouseau.capture.torch.naming import source_from_exception, source_from_stack
 from clouseau.capture.torch.probe import FirstRun, Probe, probe, probe_call
 from clouseau.capture.torch.symbolic import Symbols, export_symbols, fx_symbols
 from clouseau.capture.torch.traced import NodeInfo, Traced
 from clouseau.ir.errors import TraceError
+from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import (
     AttrValue,
     Frontend,
@@ -196,7 +198,8 @@ def build_graph(
                 source=info.source, key=fx_node.name,
                 aliases=tuple((0, a) for a in info.aliases),
                 attrs=_module_attrs(model, fx_node)
-                + _point_kind(info, inputs, static, fx_node.name in facts.plain),
+                + _point_kind(info, inputs, static, fx_node.name in facts.plain)
+                + category_attr(category(info.op)),
             )
         )  # fmt: skip
         by_fx[fx_node.name] = info.name
