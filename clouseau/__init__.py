@@ -53,12 +53,14 @@ _SUBMODULES = frozenset({"capture", "cli", "exporters", "inspector", "ir", "stor
 
 
 def __getattr__(name: str) -> object:
-    if name in _SUBMODULES:
+    if name in _SUBMODULES or name == "ray":
         import importlib
 
-        return importlib.import_module(f"clouseau.{name}")
+        # clouseau.ray is clouseau.distributed.ray: Ray Data, imported only when used.
+        where = "distributed.ray" if name == "ray" else name
+        return importlib.import_module(f"clouseau.{where}")
     raise AttributeError(f"module 'clouseau' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_SUBMODULES})
+    return sorted({*globals(), *_SUBMODULES, "ray"})

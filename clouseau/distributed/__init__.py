@@ -1,11 +1,13 @@
-"""Capturing beyond one process: torch.distributed, multi-process JAX, fsspec destinations.
+"""Capturing beyond one process: torch.distributed, multi-process JAX, Ray Data, fsspec.
 
 :func:`open_sink` is the store's ``open_sink`` aware of its surroundings: in a process of an
 initialized torch.distributed group (or a multi-process JAX runtime) each process writes
 its own part of the capture (:mod:`clouseau.distributed.parts`); a ``path`` that is an
 fsspec URL (``s3://``, ``gs://``, ``file://``) is written locally and uploaded in the
-background (:mod:`clouseau.distributed.remote`). Frameworks are imported only when they
-are already in use.
+background (:mod:`clouseau.distributed.remote`). Ray Data is
+:func:`clouseau.distributed.ray.record` (``clouseau.ray.record``), whose actors write
+blocks (:mod:`clouseau.distributed.blocks`). Frameworks are imported only when they are
+already in use.
 """
 
 from __future__ import annotations

@@ -1,33 +1,87 @@
-"""Multi-process JAX (``jax.distributed.initialize``): detected, and refused for now.
+"""Multi-process JAX (``jax.distributed.initialize``): the processes as a :class:`Group`,
+and globally sharded arrays brought to the host as the shards this process holds.
 
-In JAX's multi-controller runtime every process runs every call on its own shards, so a
-capture would need each process to write the shards it holds of a globally sharded
-array (and the reader to reassemble them). That is not built yet: rather than write every
-value once per process, or fail inside ``device_get`` on an array no process holds
-whole, an instrumented model with a path refuses to start, naming the way around it.
+In JAX's multi-controller runtime every process runs every call (SPMD) on its own devices:
+a value that is a globally sharded ``jax.Array`` is on no host whole. Each process writes
+the shards it holds (replica 0 of each only: once per shard over all processes) with their
+place in the global array (:mod:`clouseau.distributed.shards`), and ``clouseau.load``
+reassembles the global array. The calls keep their numbers (every process makes them all).
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 from clouseau.distributed.parts import Group
-from clouseau.ir.errors import CaptureError
+from clouseau.distributed.shards import Shards
+
+_GATHER_TIMEOUT_MS = 10 * 60 * 1000
+_gathers = itertools.count()  # every process gathers in the same order: the n-th is one key
 
 
-def jax_group() -> Group | None:
-    """None when ``jax.distributed`` is not initialized; CaptureError when it is."""
+def _client() -> Any:
     if "jax" not in sys.modules:
         return None
     try:
         from clouseau.capture.jax._compat import distributed_client
     except ImportError:  # JAX without the frontend's extras: no JAX model to capture
         return None
-    if distributed_client() is None:
+    return distributed_client()
+
+
+def multiprocess() -> bool:
+    """Whether this process is one of several of ``jax.distributed``."""
+    return _client() is not None
+
+
+def jax_group() -> Group | None:
+    """The processes of ``jax.distributed``, or None when it is not initialized."""
+    client = _client()
+    if client is None:
         return None
-    raise CaptureError(
-        "clouseau cannot write a capture from several JAX processes yet "
-        "(jax.distributed is initialized): capture in one process, or pass path=None "
-        "and save what you need from jax.experimental.multihost_utils.process_allgather "
-        "of the values; see docs/distributed.md"
+    import jax
+
+    rank, world = jax.process_index(), jax.process_count()
+
+    def gather(summary: object) -> Sequence[object]:
+        # The coordination service's key-value store: each process publishes its summary
+        # and reads the others' (a barrier: it waits for every one).
+        key = f"clouseau/gather/{next(_gathers)}"
+        client.key_value_set(f"{key}/{rank}", json.dumps(summary))
+        return [
+            json.loads(client.blocking_key_value_get(f"{key}/{r}", _GATHER_TIMEOUT_MS))
+            for r in range(world)
+        ]
+
+    return Group("jax.distributed", rank, world, gather, interleave=False)
+
+
+def to_host(values: Sequence[Any]) -> list[Any]:
+    """``jax.device_get`` of each value; a value no process holds whole becomes the
+    :class:`Shards` this process writes (replica 0 of each shard it holds)."""
+    import jax
+    import numpy as np
+
+    out: list[Any] = []
+    for value in values:
+        if not isinstance(value, jax.Array) or value.is_fully_addressable:
+            out.append(jax.device_get(value))
+            continue
+        held = tuple(
+            (_bounds(shard.index, value.shape), np.asarray(shard.data))
+            for shard in value.addressable_shards
+            if shard.replica_id == 0
+        )
+        out.append(Shards(tuple(value.shape), np.dtype(value.dtype), held))
+    return out
+
+
+def _bounds(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    return tuple(
+        (s.start or 0, dim if s.stop is None else s.stop)
+        for s, dim in zip(index, shape, strict=True)
     )

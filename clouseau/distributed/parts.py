@@ -18,9 +18,10 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
+from clouseau.distributed.merged import PartedCapture
+from clouseau.distributed.shards import ShardLog
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
 from clouseau.ir.sink import SavedValue
@@ -29,6 +30,7 @@ from clouseau.store.directory import DEFAULT_PATTERN, STATUS_FILE
 from clouseau.store.directory_sink import DirectorySink
 from clouseau.store.files import write_json
 from clouseau.store.lock import DirectoryLock
+from clouseau.store.progress import Progress, read_progress
 from clouseau.store.reader import load
 
 MANIFEST = "manifest.json"
@@ -132,15 +134,22 @@ class PartSink(ForwardingSink):
             self._release()
             raise
         self._closed = False
+        self.shards = ShardLog(self.part)
         # Called once the part is complete on disk and once the manifest is (an uploader
         # publishes them there).
         self.publish: Callable[[], None] = _nothing
+
+    def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
+        if not self.group.interleave:  # SPMD: every process has every call
+            values = self.shards.expand(call, values, self.group.rank)
+        self.inner.put(call, graph_id, values)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         try:
+            self.shards.write()
             self.inner.close()
         finally:
             # Every rank takes part in the gather, even one whose writer failed: the
@@ -263,52 +272,6 @@ def is_parted(path: Path) -> bool:
     return any(_PART.fullmatch(c.name) and c.is_dir() for c in path.iterdir())
 
 
-class PartedCapture(Capture):
-    """A capture written by several processes, read as one.
-
-    Calls keep their global numbers (by batch index); ``rank(call)`` says which process
-    ran a call.
-
-    Attributes
-    ----------
-    world_size : int
-        How many processes wrote the capture.
-    missing_ranks : tuple of int
-        The processes whose part did not finish (absent, or never closed); what they
-        wrote before is in the capture.
-    ranks : Mapping of int to int
-        The rank of every call that saved something.
-    """
-
-    def __init__(
-        self,
-        entries: tuple[Entry, ...],
-        graphs: tuple[Graph, ...],
-        failed_calls: Mapping[int, str],
-        path: Path,
-        *,
-        world_size: int,
-        missing_ranks: tuple[int, ...],
-        ranks: Mapping[int, int],
-        **store: Any,
-    ) -> None:
-        super().__init__(entries, graphs, failed_calls, path, **store)
-        self.world_size = world_size
-        self.missing_ranks = missing_ranks
-        self.ranks: Mapping[int, int] = MappingProxyType(dict(ranks))
-
-    def rank(self, call: int) -> int:
-        """The rank of the process that ran ``call``."""
-        try:
-            return self.ranks[call]
-        except KeyError:
-            raise KeyError(f"call {call} saved nothing; the calls are {self.calls}") from None
-
-    def __repr__(self) -> str:
-        missing = f", ranks {list(self.missing_ranks)} missing" if self.missing_ranks else ""
-        return f"{super().__repr__()[:-1]} from {self.world_size} processes{missing}>"
-
-
 def load_parts(root: Path, strict: bool = False) -> PartedCapture:
     """Read every part of ``root`` as one capture (``clouseau.load`` calls this).
 
@@ -319,6 +282,10 @@ def load_parts(root: Path, strict: bool = False) -> PartedCapture:
         other files or calls, a part it does not list is present), or is damaged; with
         ``strict``, a damaged file in a part.
     """
+    from clouseau.distributed.blocks import is_blocks, load_blocks
+
+    if is_blocks(root):  # written by Ray workers (clouseau.ray.record)
+        return load_blocks(root)  # type: ignore[return-value]
     manifest = _read_manifest(root)
     on_disk = sorted(c.name for c in root.iterdir() if _PART.fullmatch(c.name) and c.is_dir())
     world = int(manifest["world_size"]) if manifest else _world_from_parts(root, on_disk)
@@ -341,6 +308,9 @@ def load_parts(root: Path, strict: bool = False) -> PartedCapture:
             renumber = _Renumber(world, rank) if local else None
             keep = expected.get(name, {}).get("calls_kept")
             merged.add(rank, load(part, strict=strict), renumber, keep)
+            progress = read_progress(part)
+            if progress is not None:  # a part of clouseau.record: its batches, its stats
+                merged.progress[rank] = (progress, renumber or (lambda call: call))
     if merged.missing:
         warnings.warn(
             f"clouseau: {root} is incomplete: rank(s) {merged.missing} of {world} did not "
@@ -374,6 +344,7 @@ class _Merged:
         self.ranks: dict[int, int] = {}
         self.missing: list[int] = []
         self.calls_made = 0
+        self.progress: dict[int, tuple[Progress, Callable[[int], int]]] = {}
 
     def add(
         self, rank: int, cap: Capture, renumber: _Renumber | None, keep: list[int] | None
@@ -388,13 +359,13 @@ class _Merged:
             if keep is not None and old.call not in keep:
                 continue  # the manifest keeps this call from another part
             record = replace(old, call=glob(old.call), graph=old.graph + offset)
-            self.entries.append(Entry(record, entry.load))
+            self.entries.append(replace(entry, record=record))  # a shard stays one
             self.ranks.setdefault(record.call, rank)
         self.failed.update({glob(c): why for c, why in cap.failed_calls.items()})
         self.partial.update({glob(c): why for c, why in cap.partial_calls.items()})
         name = part_name(rank)
         self.damaged.update({f"{name}/{k}": v for k, v in cap.damaged.items()})
-        self.calls_made = max(self.calls_made, max(cap.calls, default=-1) + 1)
+        self.calls_made = max(self.calls_made, max(map(glob, cap.calls), default=-1) + 1)
 
     def capture(self, root: Path, world: int, closed: bool) -> PartedCapture:
         from clouseau.distributed.shards import assemble
@@ -407,6 +378,7 @@ class _Merged:
             world_size=world,
             missing_ranks=tuple(self.missing),
             ranks=self.ranks,
+            progress=self.progress,
             partial_calls=self.partial,
             damaged=self.damaged,
             calls_made=self.calls_made,

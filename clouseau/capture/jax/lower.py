@@ -36,6 +36,7 @@ from clouseau.capture.jax import receivers
 from clouseau.capture.jax.interpret import Stream, run
 from clouseau.capture.jax.jaxpr_trace import Traced
 from clouseau.capture.jax.plan import Plan, Rewrite, make_plan
+from clouseau.distributed._jax import multiprocess, to_host
 from clouseau.ir.errors import TraceError
 from clouseau.ir.graph import Graph
 from clouseau.ir.sink import Sink
@@ -74,12 +75,17 @@ def runnable(
     def collect(*arrays: Any) -> tuple[list[Any], list[Any]]:
         call, arrays = (arrays[0], arrays[1:]) if plan.streams else (None, arrays)
         outs, saved = run_call(closed, plan, arrays, replace(stream, call=call))
+        if multiprocess():  # values stay whole: a sharded one is written shard by shard
+            layouts[:] = [None]
+            return outs, saved
         layout, packed = pack(saved)
         layouts[:] = [layout]
         return outs, packed
 
     def unpack(packed: Sequence[Any]) -> list[Any]:
-        return receivers.cut(layouts[0], packed)
+        if layouts[0] is None:
+            return to_host(packed)
+        return receivers.cut(layouts[0], jax.device_get(packed))
 
     def emitting(*arrays: Any) -> list[Any]:
         call = begin_call(sink) if plan.streams else jnp.int32(-1)

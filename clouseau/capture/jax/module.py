@@ -110,7 +110,7 @@ class Core:
                 jax.effects_barrier()  # the while loops' host callbacks have all run
             else:
                 outs, saved = lowered.collect(*arrays)
-            saved = lowered.unpack(jax.device_get(saved))
+            saved = lowered.unpack(saved)  # device_get, or the shards held here
         except BaseException as err:
             self.sink.fail_call(call, err)
             raise

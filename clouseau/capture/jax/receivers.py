@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from clouseau.capture.jax.plan import Plan, Slot
+from clouseau.distributed.shards import Shards
 from clouseau.ir.sink import SavedValue, Sink
 
 # Where each value of a callback is in its packed arguments: (argument, offset, shape).
@@ -92,7 +93,10 @@ def saved_values(
     """The named values of one delivery: iterations split, untaken branches dropped."""
     # No copies: the arrays come from device_get or a host callback and view immutable
     # JAX buffers, which nothing can write to while the sink holds them.
-    by_id = {i: np.asarray(a) for i, a in zip(ids, arrays, strict=True)}
+    # A value sharded over processes (jax.distributed) stays the shards held here.
+    by_id = {
+        i: a if isinstance(a, Shards) else np.asarray(a) for i, a in zip(ids, arrays, strict=True)
+    }
     values: list[SavedValue] = []
     for i, array in by_id.items():
         slot = plan.slots[i]

@@ -1,0 +1,231 @@
+"""A capture written block by block by workers that may die and be retried (Ray Data).
+
+Each worker writes a part of its own (``part-<id>/``: its graphs and ``part.json``) and one
+file per block of rows it ran, named by the block's rows (``block-<first>-<digest>``) and
+written atomically, so a block is on disk whole or not at all. A worker killed after it
+wrote a block but before it reported it makes the engine run the block again, elsewhere:
+the same block may then be in two parts. ``manifest.json`` (format ``clouseau.blocks/1``)
+lists each block once, with the part that holds it; the reader keeps only those. Calls are
+numbered by the blocks' first rows: call ``i`` is the ``i``-th block of the data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+import shutil
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clouseau.ir.errors import CaptureError
+from clouseau.ir.graph import Graph
+from clouseau.store.capture import Capture, Entry, Record
+from clouseau.store.directory import GRAPH_PATTERN
+from clouseau.store.files import write_json
+from clouseau.store.progress import Batch
+from clouseau.store.reader import read_graph
+from clouseau.store.safetensors_io import read_array, read_header
+
+FORMAT = "clouseau.blocks/1"
+MANIFEST = "manifest.json"
+PART_FILE = "part.json"
+_BLOCK = re.compile(r"block-(\d{12})-([0-9a-f]{16})\.safetensors")
+_PART = re.compile(r"part-[0-9a-f]{12}")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of rows, written once: the file that holds it and the rows it ran.
+
+    ``rows`` are ``[start, stop)`` ranges of row numbers of the data (one range unless the
+    engine joined rows from apart).
+    """
+
+    part: str
+    file: str
+    rows: tuple[tuple[int, int], ...]
+
+    @property
+    def start(self) -> int:
+        return self.rows[0][0]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"part": self.part, "file": self.file, "rows": [list(r) for r in self.rows]}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> Block:
+        rows = tuple((int(a), int(b)) for a, b in data["rows"])
+        return Block(str(data["part"]), str(data["file"]), rows)
+
+
+def block_file(rows: np.ndarray) -> str:
+    """The deterministic name of the block of ``rows`` (its first row and a digest of all)."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    digest = hashlib.blake2b(rows.tobytes(), digest_size=8).hexdigest()
+    return f"block-{int(rows.min()):012d}-{digest}.safetensors"
+
+
+def row_ranges(rows: np.ndarray) -> tuple[tuple[int, int], ...]:
+    """``rows`` (sorted) as ``[start, stop)`` ranges of consecutive numbers."""
+    rows = np.sort(np.asarray(rows, dtype=np.int64))
+    if rows.size == 0:
+        return ()
+    cuts = np.flatnonzero(np.diff(rows) != 1) + 1
+    return tuple((int(r[0]), int(r[-1]) + 1) for r in np.split(rows, cuts))
+
+
+def write_manifest(root: Path, run: Mapping[str, Any], blocks: Iterable[Block], complete: bool):
+    """Replace ``root/manifest.json``: the run, and each block once (by first row)."""
+    kept = sorted(blocks, key=lambda b: (b.start, b.file))
+    manifest = {
+        "format": FORMAT,
+        "engine": "ray",
+        "run": dict(run),
+        "complete": complete,
+        "blocks": [b.to_json() for b in kept],
+    }
+    write_json(root / MANIFEST, manifest, replace=True)
+
+
+def read_manifest(root: Path) -> dict[str, Any] | None:
+    """The manifest of a block capture in ``root``, or None if there is none."""
+    file = root / MANIFEST
+    if not file.is_file():
+        return None
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise CaptureError(f"{file} is damaged ({err}); record again") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return None
+    return data
+
+
+def is_blocks(root: Path) -> bool:
+    """Whether ``root`` holds a capture written in blocks (a ``clouseau.blocks`` manifest)."""
+    return read_manifest(root) is not None
+
+
+def found_blocks(root: Path) -> dict[str, Block]:
+    """Every block file on disk under ``root``'s parts, by file name (one per block)."""
+    found: dict[str, Block] = {}
+    for part in sorted(p for p in root.iterdir() if _PART.fullmatch(p.name) and p.is_dir()):
+        for file in sorted(part.iterdir()):
+            if _BLOCK.fullmatch(file.name) and file.name not in found:
+                rows = json.loads(read_header(file)[0].get("clouseau.rows", "[]"))
+                found[file.name] = Block(part.name, file.name, tuple(map(tuple, rows)))
+    return found
+
+
+def clear(root: Path) -> None:
+    """Remove the parts and the manifest of an earlier block capture in ``root``."""
+    for child in root.iterdir():
+        if _PART.fullmatch(child.name) and (child / PART_FILE).is_file():
+            shutil.rmtree(child)
+    (root / MANIFEST).unlink(missing_ok=True)
+
+
+class IncompleteBlocksWarning(UserWarning):
+    """A capture written in blocks was not finished: it holds the blocks written so far."""
+
+
+class BlockCapture(Capture):
+    """A capture written in blocks (``clouseau.ray.record``), read as one.
+
+    Call ``i`` is the ``i``-th block of the data (by first row); ``batches`` gives each
+    block's rows, ``part(call)`` the worker part that holds it.
+    """
+
+    def __init__(self, *args: Any, blocks: Sequence[Block], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._blocks = tuple(blocks)
+
+    @property
+    def batches(self) -> tuple[Batch, ...]:
+        """Each block as a ``Batch``: its call, and its rows ``start``..``stop`` of the data."""
+        return tuple(Batch(i, b.start, b.rows[-1][1], "") for i, b in enumerate(self._blocks))
+
+    def part(self, call: int) -> str:
+        """The part (worker) directory that holds ``call``."""
+        return self._blocks[call].part
+
+
+def load_blocks(root: Path) -> BlockCapture:
+    """Read the blocks of ``root`` as one capture (``clouseau.load`` calls this).
+
+    Raises
+    ------
+    CaptureError
+        A block the manifest lists is not on disk, or two blocks hold the same rows.
+    """
+    manifest = read_manifest(root)
+    if manifest is None:
+        raise CaptureError(f"{root} holds no {MANIFEST} of a capture written in blocks")
+    complete = manifest.get("complete") is True
+    listed = {b.file: b for b in map(Block.from_json, manifest.get("blocks", []))}
+    if not complete:
+        # The driver stopped before the end: blocks written after its last manifest are
+        # whole (written atomically), so they count too.
+        listed = {**found_blocks(root), **listed}
+        warnings.warn(
+            f"clouseau: {root} was not finished: it holds the {len(listed)} block(s) written "
+            "so far; clouseau.ray.record(..., resume=True) runs the rest",
+            IncompleteBlocksWarning,
+            stacklevel=3,
+        )
+    blocks = sorted(listed.values(), key=lambda b: (b.start, b.file))
+    _check_disjoint(root, blocks)
+    graphs: list[Graph] = []
+    offsets: dict[str, int] = {}
+    entries: list[Entry] = []
+    for call, block in enumerate(blocks):
+        if block.part not in offsets:
+            offsets[block.part] = len(graphs)
+            graphs.extend(_part_graphs(root / block.part))
+        entries.extend(_block_entries(root, block, call, offsets[block.part]))
+    return BlockCapture(
+        tuple(entries), tuple(graphs), {}, root, closed=complete, blocks=blocks,
+        calls_made=len(blocks),
+    )  # fmt: skip
+
+
+def _check_disjoint(root: Path, blocks: Sequence[Block]) -> None:
+    spans = sorted((a, b, blk.file) for blk in blocks for a, b in blk.rows)
+    for (_, stop, first), (start, _, second) in itertools.pairwise(spans):
+        if start < stop:
+            raise CaptureError(
+                f"{root / MANIFEST} disagrees with the parts: {first} and {second} hold the "
+                "same rows; the capture was changed after the run: record it again"
+            )
+
+
+def _part_graphs(part: Path) -> list[Graph]:
+    graphs = []
+    while (file := part / GRAPH_PATTERN.format(len(graphs))).is_file():
+        graphs.append(read_graph(file))
+    return graphs
+
+
+def _block_entries(root: Path, block: Block, call: int, graph_offset: int) -> list[Entry]:
+    file = root / block.part / block.file
+    if not file.is_file():
+        raise CaptureError(
+            f"{root / MANIFEST} lists {block.part}/{block.file}, which is not there; the "
+            "capture was changed after the run: record it again (or resume=True)"
+        )
+    metadata, tensors = read_header(file)
+    by_key = {t.key: t for t in tensors}
+    entries = []
+    for item in json.loads(metadata["clouseau"]):
+        record = Record.from_json(item)
+        moved = replace(record, call=call, graph=record.graph + graph_offset)
+        entries.append(Entry(moved, partial(read_array, file, by_key[record.key])))
+    return entries
