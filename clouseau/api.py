@@ -15,12 +15,12 @@ from clouseau.ir.errors import MissingExtraError
 from clouseau.ir.graph import Graph
 from clouseau.ir.interventions import check_intervene
 from clouseau.ir.selection import SelectLike, check_select
+from clouseau.store.layout import DEFAULT_PATTERN
 
 # Graph, Capture and DiffResult render as the explorer in notebooks, as tables in rich.
 install_reprs()
 
 DEFAULT_PATH = ".clouseau"
-DEFAULT_PATTERN = "activations-{idx:03d}.safetensors"
 
 
 def trace(model: Any, *args: Any, **kwargs: Any) -> Graph:
