@@ -90,6 +90,7 @@ def instrument(
     """
     frontend = frontend_for(model)
     # Bad arguments fail before the sink opens: opening it replaces an earlier capture.
+    # The one check of select: the frontend's instrument takes it as checked.
     check_select(select)
     intervene = check_intervene(intervene)
     sink = open_sink(path, max_size_mb, filename_pattern)
@@ -202,10 +203,9 @@ def export_onnx(
     args = example_args if isinstance(example_args, tuple) else (example_args,)
     kwargs = dict(example_kwargs or {})
     frontend = frontend_for(model, args)
-    framework = frontend.__name__.rsplit(".", 1)[-1]
     lowered = frontend.lower(model, args, kwargs, select)
     return export_lowered(
-        lowered, framework, output, model=model, args=args, kwargs=kwargs, **options
+        lowered, frontend.name, output, model=model, args=args, kwargs=kwargs, **options
     )
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from clouseau.capture import frontend_for
+from clouseau.capture import Frontend, frontend_for
 from clouseau.dataset.bar import Bar
 from clouseau.dataset.fingerprint import batch_digest, leaves, model_digest
 from clouseau.dataset.layout import BatchRows, FieldSource, Layout, take
@@ -174,7 +174,7 @@ class _Recorder:
     def __init__(
         self,
         root: Path,
-        frontend: Any,
+        frontend: Frontend,
         model: Any,
         select: SelectLike,
         layout: Layout,
@@ -201,7 +201,7 @@ class _Recorder:
         self.resumed = len(self.done)
         self.nbytes = 0
         self.sink = BatchSink(root, _read_graphs(root) if previous else (), self._write_graph)
-        self.is_jax = frontend.__name__.endswith(".jax")
+        self.is_jax = frontend.name == "jax"
         self.fmodel = frontend.instrument(
             model, select=select, sink=self.sink, intervene=None, grads=False
         )

@@ -8,7 +8,6 @@ from clouseau.ir.errors import VerificationError
 from clouseau.ir.graph import (
     AttrValue,
     DType,
-    Frontend,
     Graph,
     ModuleInfo,
     Node,
@@ -18,6 +17,7 @@ from clouseau.ir.graph import (
     Source,
     Spec,
     TensorSpec,
+    TraceKind,
 )
 
 FORMAT_VERSION = 1
@@ -28,7 +28,7 @@ def graph_to_json(graph: Graph) -> dict[str, Any]:
         "format": "clouseau.graph",
         "version": FORMAT_VERSION,
         "name": graph.name,
-        "frontend": graph.frontend.value,
+        "frontend": graph.trace_kind.value,
         "modules": [[m.path, m.type, m.params] for m in graph.modules],
         "meta": [[k, _attr_out(v)] for k, v in graph.meta],
         "nodes": [_node_out(n) for n in graph.nodes],
@@ -45,7 +45,7 @@ def graph_from_json(data: dict[str, Any]) -> Graph:
     return Graph(
         nodes=tuple(_node_in(n) for n in data["nodes"]),
         name=data["name"],
-        frontend=Frontend(data["frontend"]),
+        trace_kind=TraceKind(data["frontend"]),
         modules=tuple(ModuleInfo(p, t, int(c)) for p, t, c in data["modules"]),
         meta=tuple((k, _attr_in(v)) for k, v in data["meta"]),
     )

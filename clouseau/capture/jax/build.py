@@ -29,7 +29,6 @@ from clouseau.capture.jax.rerun import CUSTOM
 from clouseau.ir.graph import (
     VARIES,
     DType,
-    Frontend,
     Graph,
     ModuleInfo,
     Node,
@@ -39,6 +38,7 @@ from clouseau.ir.graph import (
     Source,
     Spec,
     TensorSpec,
+    TraceKind,
 )
 from clouseau.ir.verify import verify
 
@@ -48,8 +48,6 @@ _ACTIVATION_PRIMITIVES = {"logistic": "sigmoid"}
 # Loop carries, slices and results change between iterations, state the call assigns
 # between calls: what is computed from them is a point whatever else it reads.
 _VARIES = ((VARIES, True),)
-
-FLATTENED = frozenset({"jit", "pjit", "scan", "remat2", "checkpoint", "remat"})
 
 
 @dataclass(frozen=True)
@@ -94,7 +92,7 @@ def build_graph(traced: Traced) -> Graph:
     graph = Graph(
         nodes=tuple(builder.nodes),
         name=traced.name,
-        frontend=Frontend.JAX,
+        trace_kind=TraceKind.JAX,
         modules=modules,
         meta=(("jax_version", __import__("jax").__version__),),
     )

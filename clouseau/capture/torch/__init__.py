@@ -22,7 +22,17 @@ from clouseau.ir.graph import Graph
 from clouseau.ir.selection import SelectLike, check_select
 from clouseau.ir.sink import Sink
 
-__all__ = ["InstrumentedModule", "Lowered", "instrument", "lower", "mark_leaf", "to_numpy", "trace"]
+__all__ = [
+    "FRONTEND",
+    "InstrumentedModule",
+    "Lowered",
+    "TorchFrontend",
+    "instrument",
+    "lower",
+    "mark_leaf",
+    "to_numpy",
+    "trace",
+]
 
 
 def trace(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Graph:
@@ -38,7 +48,7 @@ def trace(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Graph:
     Returns
     -------
     Graph
-        Frontend ``TORCH_FX`` or, when fx fails, ``TORCH_EXPORT`` (meta ``fx_error``
+        Traced by ``TORCH_FX`` or, when fx fails, ``TORCH_EXPORT`` (meta ``fx_error``
         holds why fx failed).
 
     Raises
@@ -82,8 +92,45 @@ def instrument(
     InstrumentedModule
         Called like ``model``, returning equal outputs; ``.trace(*args)`` traces eagerly.
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"instrument() takes a torch.nn.Module, not a {type(model).__name__}")
     # An invalid glob or select type fails now, not at the model's first call.
     check_select(select)
-    return InstrumentedModule(model, select, sink, intervene=intervene, grads=grads)
+    return FRONTEND.instrument(model, select=select, sink=sink, intervene=intervene, grads=grads)
+
+
+class TorchFrontend:
+    """The PyTorch frontend as a :class:`clouseau.capture.Frontend`."""
+
+    name = "torch"
+
+    def trace(self, model: torch.nn.Module, *args: Any, **kwargs: Any) -> Graph:
+        return trace(model, *args, **kwargs)
+
+    def instrument(
+        self,
+        model: torch.nn.Module,
+        *,
+        select: SelectLike,
+        sink: Sink,
+        intervene: Mapping[Any, Any] | None = None,
+        grads: Any = False,
+    ) -> InstrumentedModule:
+        # select was checked by the caller (the public API, or instrument above).
+        _check_module(model)
+        return InstrumentedModule(model, select, sink, intervene=intervene, grads=grads)
+
+    def lower(
+        self,
+        model: torch.nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        select: SelectLike,
+    ) -> Lowered:
+        return lower(model, args, kwargs, select)
+
+
+FRONTEND = TorchFrontend()
+
+
+def _check_module(model: Any) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"instrument() takes a torch.nn.Module, not a {type(model).__name__}")

@@ -20,11 +20,12 @@ from typing import Any
 
 import torch
 
+from clouseau.capture._common import SinkCall, first_line
 from clouseau.capture.torch.host import to_numpy
 from clouseau.capture.torch.naming import is_user_file, spec_of
 from clouseau.capture.torch.regions import RegionCompiler
 from clouseau.ir.actions import Action
-from clouseau.ir.graph import Frontend, Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref
+from clouseau.ir.graph import Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref, TraceKind
 from clouseau.ir.selection import SelectLike, select_points
 from clouseau.ir.sink import SavedValue, Sink
 from clouseau.ir.verify import verify
@@ -54,9 +55,7 @@ class DynamicTier:
         return self.compiler.traces + self.hooks.traces
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        sink = self._sink
-        call = sink.begin_call()
-        try:
+        with SinkCall(self._sink) as call:
             try:
                 with self.compiler.call(call):
                     out = self.compiled(*args, **kwargs)
@@ -67,16 +66,7 @@ class DynamicTier:
                 # the eager run with hooks tells which (and raises the model's own error).
                 out = self.hooks.run(call, args, kwargs)
                 self.failure = f"TorchDynamo: {first_line(error)}"
-        except BaseException as error:
-            sink.fail_call(call, error)
-            raise
-        sink.end_call(call)
         return out
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def dynamo_failed(error: BaseException) -> bool:
@@ -197,7 +187,7 @@ def _module_graph(
         Graph(
             nodes=tuple(nodes),
             name=type(model).__name__,
-            frontend=Frontend.TORCH_HOOKS,
+            trace_kind=TraceKind.TORCH_HOOKS,
             modules=modules,
             meta=(("training", model.training), ("tier", "hooks")),
         )

@@ -33,7 +33,7 @@ from clouseau.capture.torch.names import PointNamer
 from clouseau.capture.torch.naming import function_op, source_from_stack_trace, target_name
 from clouseau.capture.torch.traced import NodeInfo, Traced, canonical_kwargs, is_leaf_type_name
 from clouseau.ir.errors import TraceError
-from clouseau.ir.graph import Frontend, NodeKind
+from clouseau.ir.graph import NodeKind, TraceKind
 
 _WEIGHTS = {
     InputKind.PARAMETER: "parameter",
@@ -117,7 +117,7 @@ def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
 
     return Traced(
         gm=gm,
-        frontend=Frontend.TORCH_EXPORT,
+        frontend=TraceKind.TORCH_EXPORT,
         infos=_infos(gm.graph, namer, type(model).__name__, weight_kind, marked, marks),
         to_inputs=to_inputs,
         from_outputs=lambda flat: caches.adopt(tree_unflatten(list(flat), out_spec)),
