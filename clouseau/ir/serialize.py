@@ -20,12 +20,14 @@ from clouseau.ir.graph import (
     TraceKind,
 )
 
+#: The format marker of a graph file (store/layout.py recognises files by it).
+GRAPH_FORMAT = "clouseau.graph"
 FORMAT_VERSION = 1
 
 
 def graph_to_json(graph: Graph) -> dict[str, Any]:
     return {
-        "format": "clouseau.graph",
+        "format": GRAPH_FORMAT,
         "version": FORMAT_VERSION,
         "name": graph.name,
         "frontend": graph.trace_kind.value,
@@ -36,7 +38,7 @@ def graph_to_json(graph: Graph) -> dict[str, Any]:
 
 
 def graph_from_json(data: dict[str, Any]) -> Graph:
-    if data.get("format") != "clouseau.graph":
+    if data.get("format") != GRAPH_FORMAT:
         raise VerificationError("not a clouseau graph: the 'format' field is missing or wrong")
     if data.get("version") != FORMAT_VERSION:
         raise VerificationError(

@@ -13,11 +13,10 @@ import re
 from pathlib import Path
 
 from clouseau.ir.errors import ClouseauError
+from clouseau.ir.serialize import GRAPH_FORMAT
 
 #: The format marker of a capture: in every safetensors file's metadata and in status.json.
 FORMAT = "clouseau.capture/1"
-#: The format marker of a graph file (the IR as JSON).
-GRAPH_FORMAT = "clouseau.graph"
 #: The format marker of ``clouseau.record``'s progress record.
 RECORD_FORMAT = "clouseau.record/1"
 
