@@ -19,8 +19,9 @@ import numpy as np
 
 from clouseau.ir.errors import ClouseauError
 from clouseau.ir.graph import Graph
+from clouseau.store.array_stats import array_stats
 from clouseau.store.capture import Capture
-from clouseau.store.diff import DiffResult, array_stats
+from clouseau.store.diff import DiffResult
 from clouseau.store.diff import diff as diff_captures
 
 # A notebook cell shows the page in an iframe this tall (pixels).
@@ -229,7 +230,7 @@ def diff_table(result: DiffResult) -> Any:
 
 
 def _graph_rich(graph: Graph) -> Any:
-    from clouseau.ir.metadata import summary_table
+    from clouseau.tables import summary_table
 
     return summary_table(graph)
 

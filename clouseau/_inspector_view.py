@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from clouseau._inspector_select import legacy_depth, read_sidecar
+from clouseau.store.array_stats import array_stats
 
 SEP = "."
 VALUE = "__value__"  # where an array goes when its key is also a prefix of other keys
@@ -226,16 +227,14 @@ def describe(value: Any) -> str:
     head = f"{array.dtype}[{','.join(map(str, array.shape))}]"
     if array.size == 0:
         return f"{head}  (empty)"
-    values = np.abs(array) if np.iscomplexobj(array) else array
-    values = values.astype(np.float64)
-    finite = values[np.isfinite(values)]
-    stats = (
-        f"mean={finite.mean():.4g} std={finite.std():.4g} min={finite.min():.4g} max={finite.max():.4g}"
-        if finite.size
+    s = array_stats(array)
+    bad = s.nan + s.inf
+    text = (
+        f"mean={s.mean:.4g} std={s.std:.4g} min={s.min:.4g} max={s.max:.4g}"
+        if bad < s.size
         else "no finite values"
     )
-    bad = values.size - finite.size
-    return f"{head}  {stats}" + (f"  non-finite={bad}" if bad else "")
+    return f"{head}  {text}" + (f"  non-finite={bad}" if bad else "")
 
 
 def as_numpy(value: Any) -> np.ndarray:

@@ -8,7 +8,6 @@ when interrupted (Ctrl-C). Errors print one message, never a traceback.
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -221,11 +220,12 @@ def _add_width(parser: argparse.ArgumentParser) -> None:
 
 # -- show -----------------------------------------------------------------------------------
 def _cmd_show(args: argparse.Namespace, console: Console) -> int:
-    from clouseau.store.diff import array_stats
+    from clouseau.ir.selection import stored_selector
+    from clouseau.store.array_stats import array_stats
 
     cap = _load(args.path)
     graph = cap.graph
-    ops = {p.name: p.op for p in graph.points} if graph is not None else {}
+    selected = stored_selector(args.select, graph) if args.select else None
     module_types = {m.path: m.type for m in graph.modules} if graph is not None else {}
     calls = cap.calls if args.call is None else (args.call,)
     if args.call is not None and args.call not in cap.calls:
@@ -255,7 +255,7 @@ def _cmd_show(args: argparse.Namespace, console: Console) -> int:
             if record.names in seen:
                 continue
             seen.add(record.names)
-            if args.select and not _selected(args.select, record.names, ops):
+            if selected is not None and not selected(record.names):
                 continue
             array = cap.get(record.name, call=call)
             stats = array_stats(array)
@@ -306,21 +306,6 @@ def _print_state(cap: Any, console: Console) -> None:
         console.print(
             f"[yellow]call {call} failed: {markup(reason)} (what it saved before is shown)[/]"
         )
-
-
-def _selected(patterns: list[str], names: tuple[str, ...], ops: dict[str, str]) -> bool:
-    def hit(pattern: str) -> bool:
-        for name in names:
-            target = name if "." in pattern else name.rsplit(".", 1)[-1]
-            if fnmatch.fnmatchcase(target, pattern) or (
-                "." not in pattern and fnmatch.fnmatchcase(ops.get(name, ""), pattern)
-            ):
-                return True
-        return False
-
-    include = [p for p in patterns if not p.startswith("!")]
-    exclude = [p[1:] for p in patterns if p.startswith("!")]
-    return (not include or any(map(hit, include))) and not any(map(hit, exclude))
 
 
 def _branch(branches: dict[str, Tree], name: str, module_types: dict[str, str]) -> tuple[Tree, str]:

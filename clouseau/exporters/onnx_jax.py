@@ -1,8 +1,8 @@
 """Lower a traced JAX / Equinox model (its jaxpr) to ONNX, saves as extra named outputs.
 
-The jaxpr is walked as :func:`clouseau.capture.jax.lower.run` walks it, with the same
-equation keys (``"2/0"``: equation 0 inside equation 2), so every IR point maps to the
-ONNX value computed at its key. Calls (``jit``, ``custom_jvp_call``, ``remat``, ...) are
+The jaxpr is walked as the JAX frontend's interpreter walks it, with the same equation keys
+(:mod:`clouseau.ir.keys`; ``"2/0"``: equation 0 inside equation 2), so every IR point maps
+to the ONNX value computed at its key. Calls (``jit``, ``custom_jvp_call``, ``remat``, ...) are
 inlined; every other primitive is lowered by a rule in ``RULES``. A primitive without a
 rule raises :class:`UnsupportedOpError` naming the IR node and the primitive.
 """
@@ -20,11 +20,14 @@ from onnx import helper, numpy_helper
 from clouseau.exporters._jax_rules import RULES, UnsupportedOpError, aval, onnx_type
 from clouseau.ir.errors import ClouseauError
 from clouseau.ir.graph import Graph, NodeKind
+from clouseau.ir.keys import ROOT, const_key, enclosing, equation_key, input_key
 
 OPSET = 18
 
 
-_CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+# The call primitives inlined here (the frontend's CALLS, REMAT and CUSTOM, and the
+# older call spellings); tests/jax/test_keys.py checks that the frontend's are all here.
+CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
           "custom_vjp_call_jaxpr", "remat", "remat2", "checkpoint")  # fmt: skip
 
 
@@ -76,14 +79,13 @@ class Converter:
 
     def node_name(self, key: str) -> str:
         """The IR node computed at ``key`` (or the innermost one enclosing it)."""
-        parts = key.split("/")
-        for i in range(len(parts), 0, -1):
-            found = self.by_key.get("/".join(parts[:i]))
+        for where in reversed([*enclosing(key), key]):
+            found = self.by_key.get(where)
             if found:
                 return found
         return f"<equation {key}>"
 
-    # -- the walk (mirrors clouseau.capture.jax.lower.run) -------------------------------
+    # -- the walk (mirrors the JAX frontend's interpreter, clouseau.ir.keys' grammar) -----
     def run(self, jaxpr: Any, consts: Sequence[str], args: Sequence[str], key: str) -> list[str]:
         env: dict[Any, str] = {}
 
@@ -98,12 +100,12 @@ class Converter:
 
         for i, (var, value) in enumerate(zip(jaxpr.constvars, consts, strict=True)):
             env[var] = value
-            record(f"{key}/c{i}" if key else f"c{i}", [value])
+            record(const_key(key, i), [value])
         for i, (var, value) in enumerate(zip(jaxpr.invars, args, strict=True)):
             env[var] = value
-            record(f"{key}/in{i}" if key else f"in{i}", [value])
+            record(input_key(key, i), [value])
         for position, eqn in enumerate(jaxpr.eqns):
-            ekey = f"{key}/{position}" if key else str(position)
+            ekey = equation_key(key, position)
             invals = [read(v) for v in eqn.invars]
             outs = self.equation(eqn, ekey, invals)
             for var, value in zip(eqn.outvars, outs, strict=True):
@@ -114,7 +116,7 @@ class Converter:
     def equation(self, eqn: Any, key: str, ins: list[str]) -> list[str]:
         prim = eqn.primitive.name
         self.current = key
-        if prim in _CALLS:
+        if prim in CALLS:
             inner = _inner_jaxpr(eqn.params)
             if inner is not None:
                 jaxpr, consts = (
@@ -176,7 +178,7 @@ def export_jax(lowered: Any, opset: int = OPSET) -> tuple[onnx.ModelProto, Graph
             shape, dtype = aval(var)
             inputs.append(helper.make_tensor_value_info(name, onnx_type(dtype), shape))
     consts = [conv.const(np.asarray(c), hint="c") for c in closed.consts]
-    results = conv.run(closed.jaxpr, consts, names, "")
+    results = conv.run(closed.jaxpr, consts, names, ROOT)
     outputs: list[onnx.ValueInfoProto] = []
     single = len(results) == 1
     for i, (value, var) in enumerate(zip(results, closed.jaxpr.outvars, strict=True)):

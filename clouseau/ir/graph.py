@@ -415,18 +415,20 @@ class Graph:
     def to_pandas(self) -> Any:
         """One row per point: shape, dtype, module, parameters, FLOPs, source (needs pandas).
 
-        See :func:`clouseau.ir.metadata.points_frame`.
+        See :func:`clouseau.tables.points_frame`.
         """
-        from clouseau.ir.metadata import points_frame
+        # The IR holds the records (clouseau.ir.metadata); laying them out in pandas
+        # belongs to the presentation layer above it, imported only when asked for.
+        from clouseau.tables import points_frame
 
         return points_frame(self)
 
     def summary(self, *, file: Any = None) -> None:
         """Print a table of the module tree with shapes, parameters and FLOPs (rich).
 
-        See :func:`clouseau.ir.metadata.summary`.
+        See :func:`clouseau.tables.summary`.
         """
-        from clouseau.ir.metadata import summary
+        from clouseau.tables import summary
 
         summary(self, file=file)
 

@@ -87,11 +87,19 @@ def rewrite(
     """
     rewritten = insert_interventions(graph, intervene or {}, strict=strict)
     out = rewritten.graph
-    grad_select = _grad_selection(select, grads)
-    if grad_select is not None:
-        out = insert_grad_saves(out, select_points(out, grad_select, strict=strict))
+    out = insert_grad_saves(out, grad_points(out, select, grads, strict=strict))
     out = insert_saves(out, select, strict=strict)
     return replace(rewritten, graph=verify(out))
+
+
+def grad_points(
+    graph: Graph, select: SelectLike, grads: Grads, *, strict: bool = True
+) -> tuple[Point, ...]:
+    """The points whose gradients ``grads`` asks for (none for False/None)."""
+    grad_select = _grad_selection(select, grads)
+    if grad_select is None:
+        return ()
+    return select_points(graph, grad_select, strict=strict)
 
 
 def _grad_selection(select: SelectLike, grads: Grads) -> SelectLike:
@@ -109,6 +117,31 @@ def insert_interventions(graph: Graph, intervene: Intervene, *, strict: bool = T
     node; a value picked by two patterns with different actions is an error (which one
     would win is unclear).
     """
+    chosen = chosen_values(graph, intervene, strict=strict)
+    if not chosen:
+        return Rewritten(graph)
+    every = point_names(graph)
+    actions: dict[str, Action] = {}
+    nodes: list[Node] = []
+    redirect: dict[Ref, Ref] = {}
+    for node in graph.nodes:
+        nodes.append(_rewired(node, redirect))
+        if node.kind in INSTRUMENTATION:
+            continue
+        for index, spec in enumerate(node.outputs):
+            action = chosen.get(Ref(node.name, index))
+            if action is None or not isinstance(spec, TensorSpec):
+                continue
+            names = every[Ref(node.name, index)]
+            new = intervene_node(node, index, names, action)
+            actions[new.name] = action.bind(names, spec)
+            redirect[Ref(node.name, index)] = Ref(new.name)
+            nodes.append(new)
+    return Rewritten(graph.with_nodes(tuple(nodes)), MappingProxyType(actions))
+
+
+def chosen_values(graph: Graph, intervene: Intervene, *, strict: bool = True) -> dict[Ref, Action]:
+    """The value each pattern of ``intervene`` picks, with its (unbound) action."""
     chosen: dict[Ref, tuple[Action, str]] = {}
     for pattern, action in intervene.items():
         if not isinstance(action, Action):
@@ -124,31 +157,16 @@ def insert_interventions(graph: Graph, intervene: Intervene, *, strict: bool = T
                     f"{pattern!r}); make the patterns disjoint, or compose the actions in "
                     "one clouseau.replace(fn)"
                 )
-    if not chosen:
-        return Rewritten(graph)
-    # Every name of a chosen value, not just the one a pattern hit: a capture to patch
-    # from may hold the value under any of them.
+    return {ref: action for ref, (action, _) in chosen.items()}
+
+
+def point_names(graph: Graph) -> dict[Ref, tuple[str, ...]]:
+    """Every name of each value (node name first): a capture to patch from may hold the
+    value under any of them, not just the one a pattern hit."""
     every: dict[Ref, list[str]] = {}
     for point in graph.points:
         every.setdefault(point.ref, []).append(point.name)
-    actions: dict[str, Action] = {}
-    nodes: list[Node] = []
-    redirect: dict[Ref, Ref] = {}
-    for node in graph.nodes:
-        nodes.append(_rewired(node, redirect))
-        if node.kind in INSTRUMENTATION:
-            continue
-        for index, spec in enumerate(node.outputs):
-            found = chosen.get(Ref(node.name, index))
-            if found is None or not isinstance(spec, TensorSpec):
-                continue
-            action = found[0]
-            names = every[Ref(node.name, index)]
-            new = intervene_node(node, index, tuple(names), action)
-            actions[new.name] = action.bind(tuple(names), spec)
-            redirect[Ref(node.name, index)] = Ref(new.name)
-            nodes.append(new)
-    return Rewritten(graph.with_nodes(tuple(nodes)), MappingProxyType(actions))
+    return {ref: tuple(names) for ref, names in every.items()}
 
 
 def intervene_node(producer: Node, index: int, names: tuple[str, ...], action: Action) -> Node:

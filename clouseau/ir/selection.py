@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from clouseau.ir.errors import SelectionError
-from clouseau.ir.graph import Graph, Point
+from clouseau.ir.graph import Graph, Node, NodeKind, Point, Ref
 
 Predicate = Callable[[Point], bool]
 
@@ -47,7 +47,7 @@ class Selector:
 
     @staticmethod
     def glob(pattern: str) -> Selector:
-        """Match a glob as DESIGN.md describes (see :func:`glob_matches`)."""
+        """Match a glob as docs/selection.md describes (see :func:`glob_matches`)."""
         _check_glob(pattern)
         return Selector(lambda p: glob_matches(pattern, p), repr(pattern))
 
@@ -108,6 +108,28 @@ def as_selector(select: SelectLike) -> Selector:
         f"select must be a glob string, a list of globs, a callable Point -> bool, a Selector "
         f"or None; got {type(select).__name__}: {select!r}"
     )
+
+
+def stored_selector(select: SelectLike, graph: Graph | None) -> Callable[[Sequence[str]], bool]:
+    """Whether a stored value, given its names, is selected (``clouseau show --select``).
+
+    A name that ``graph`` has is matched as its point, so the globs mean what they mean
+    for ``instrument``; a gradient (``<point>.grad``) or a name in a capture without a
+    graph is matched by its name alone (no op). A value is selected when one of its names
+    is.
+    """
+    selector = as_selector(select)
+    points = {p.name: p for p in graph.points} if graph is not None else {}
+
+    def selected(names: Sequence[str]) -> bool:
+        return any(selector(points.get(name) or _named(name)) for name in names)
+
+    return selected
+
+
+def _named(name: str) -> Point:
+    # A name the graph does not have: an alias-like point (never matched by an op).
+    return Point(name, Ref(name), Node(name, NodeKind.OP, ""), is_alias=True)
 
 
 def check_select(select: SelectLike) -> None:

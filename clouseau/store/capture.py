@@ -436,7 +436,7 @@ class Capture(Mapping[str, np.ndarray]):
 
         Needs pandas (``pip install 'clouseau[pandas]'``).
         """
-        from clouseau.ir.metadata import capture_frame
+        from clouseau.tables import capture_frame
 
         return capture_frame(self.records, self.graphs)
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import clouseau
 from clouseau.cli import main, parse_input
 from clouseau.ir import insert_saves
-from clouseau.store.diff import array_stats
+from clouseau.store.array_stats import array_stats
 from tests.cli.test_diff import arrays, write_capture
 from tests.exporters.graphs import resnet_graph
 
@@ -88,6 +89,36 @@ def test_array_stats_over_finite_values() -> None:
     stats = array_stats(a)
     assert (stats.nan, stats.inf, stats.mean, stats.min, stats.max) == (1, 1, 2.0, 1.0, 3.0)
     assert not stats.finite
+
+
+def test_magnify_describes_an_array_with_the_same_statistics() -> None:
+    from clouseau._inspector_view import describe
+
+    a = np.array([[1.0, np.nan], [3.0, -np.inf], [2.0, 8.0]], np.float32)
+    stats = array_stats(a)
+    text = describe(a)
+    assert text.startswith("float32[3,2]")
+    for key, value in (("mean", stats.mean), ("std", stats.std), ("min", stats.min)):
+        assert f"{key}={value:.4g}" in text
+    assert f"non-finite={stats.nan + stats.inf}" in text
+    assert "no finite values" in describe(np.array([np.nan]))
+
+
+def test_show_select_matches_as_instrument_does(tmp_path: Path) -> None:
+    from clouseau.ir.selection import select_points, stored_selector
+
+    path = written_with_graph(tmp_path / "cap")
+    cap = clouseau.load(path)
+    for pattern in (["relu*"], ["layer1.*"], ["add"], ["*", "!relu*"]):
+        by_graph = {p.name for p in select_points(cap.graph, pattern, strict=False)}
+        selected = stored_selector(pattern, cap.graph)
+        stored = {r.names for r in cap.records}
+        assert {names for names in stored if selected(names)} == {
+            names for names in stored if set(names) & by_graph
+        }, pattern
+    # a name the graph does not have is matched by name alone
+    assert stored_selector(["*.grad"], cap.graph)(("fc.grad",))
+    assert not stored_selector(["linear"], None)(("fc.grad",))
 
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz 'dot' is not installed")

@@ -13,6 +13,7 @@ from clouseau.ir import (
     Source,
     TensorSpec,
 )
+from clouseau.ir.flops import OpCategory, category_attr
 
 
 def f32(*shape: int) -> TensorSpec:
@@ -20,22 +21,30 @@ def f32(*shape: int) -> TensorSpec:
 
 
 def block_graph() -> Graph:
-    """A residual block as the torch frontend names it: conv, bn, relu, add, relu_1."""
+    """A residual block as the torch frontend names it: conv, bn, relu, add, relu_1.
+
+    Each op carries the FLOP category the torch frontend would give it.
+    """
     x = f32(2, 4, 8, 8)
     src = Source("/home/user/model.py", 12, "forward", "out = self.conv1(x)")
     nodes = (
         Node("x", NodeKind.INPUT, "input", outputs=(x,)),
-        Node("conv1", NodeKind.OP, "conv2d", (Ref("x"),), (x,), "conv1", "Conv2d", "torch.nn.Conv2d", src),
-        Node("layer1.0.conv1", NodeKind.OP, "conv2d", (Ref("conv1"),), (x,), "layer1.0.conv1", "Conv2d"),
-        Node("layer1.0.bn1", NodeKind.OP, "batchnorm2d", (Ref("layer1.0.conv1"),), (x,), "layer1.0.bn1", "BatchNorm2d"),
-        Node("layer1.0.relu", NodeKind.OP, "relu", (Ref("layer1.0.bn1"),), (x,), "layer1.0.relu", "ReLU"),
+        Node("conv1", NodeKind.OP, "conv2d", (Ref("x"),), (x,), "conv1", "Conv2d", "torch.nn.Conv2d", src,
+             attrs=category_attr(OpCategory.CONV)),
+        Node("layer1.0.conv1", NodeKind.OP, "conv2d", (Ref("conv1"),), (x,), "layer1.0.conv1", "Conv2d",
+             attrs=category_attr(OpCategory.CONV)),
+        Node("layer1.0.bn1", NodeKind.OP, "batchnorm2d", (Ref("layer1.0.conv1"),), (x,), "layer1.0.bn1", "BatchNorm2d",
+             attrs=category_attr(OpCategory.BATCH_NORM)),
+        Node("layer1.0.relu", NodeKind.OP, "relu", (Ref("layer1.0.bn1"),), (x,), "layer1.0.relu", "ReLU",
+             attrs=category_attr(OpCategory.ELEMENTWISE)),
         Node("layer1.0.add", NodeKind.OP, "add", (Ref("layer1.0.relu"), Ref("conv1")), (x,), "layer1.0", "BasicBlock",
-             "operator.add"),
+             "operator.add", attrs=category_attr(OpCategory.ELEMENTWISE)),
         Node("layer1.0.relu_1", NodeKind.OP, "relu", (Ref("layer1.0.add"),), (x,), "layer1.0.relu", "ReLU",
-             aliases=((0, "layer1.0"), (0, "layer1"))),
+             aliases=((0, "layer1.0"), (0, "layer1")), attrs=category_attr(OpCategory.ELEMENTWISE)),
         Node("layer1.0.size", NodeKind.OP, "size", (Ref("layer1.0.relu_1"),), (OpaqueSpec("int"),), "layer1.0",
-             "BasicBlock", attrs=(("dim", 0),)),
-        Node("fc", NodeKind.OP, "linear", (Ref("layer1.0.relu_1"),), (f32(2, 10),), "fc", "Linear"),
+             "BasicBlock", attrs=(("dim", 0), *category_attr(OpCategory.FREE))),
+        Node("fc", NodeKind.OP, "linear", (Ref("layer1.0.relu_1"),), (f32(2, 10),), "fc", "Linear",
+             attrs=category_attr(OpCategory.MATMUL)),
         Node("output", NodeKind.OUTPUT, "output", (Ref("fc"),)),
     )  # fmt: skip
     modules = (

@@ -1,4 +1,4 @@
-"""The selection language of DESIGN.md, on a hand-built graph."""
+"""The selection language of docs/selection.md, on a hand-built graph."""
 
 from __future__ import annotations
 

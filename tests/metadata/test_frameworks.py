@@ -7,7 +7,8 @@ import math
 import pytest
 
 import clouseau
-from clouseau.ir.metadata import capture_frame, node_flops
+from clouseau.ir.flops import node_flops
+from clouseau.tables import capture_frame
 
 
 def _flops(graph: clouseau.Graph, name: str) -> int | None:

@@ -9,10 +9,16 @@ import pytest
 
 import clouseau
 from clouseau.ir import Graph, MissingExtraError, ModuleInfo, Node, NodeKind, Ref, verify
+from clouseau.ir.flops import OpCategory, category_attr, node_flops, total_flops
 from clouseau.ir.interventions import rewrite
-from clouseau.ir.metadata import node_flops, node_metadata, total_flops
+from clouseau.ir.metadata import node_metadata
 
 from ..ir.graphs import block_graph, f32
+
+MATMUL = category_attr(OpCategory.MATMUL)
+ELEMENTWISE = category_attr(OpCategory.ELEMENTWISE)
+REDUCTION = category_attr(OpCategory.REDUCTION)
+FREE = category_attr(OpCategory.FREE)
 
 
 def _graph(*nodes: Node, modules: tuple[ModuleInfo, ...] = ()) -> Graph:
@@ -27,11 +33,13 @@ def _graph(*nodes: Node, modules: tuple[ModuleInfo, ...] = ()) -> Graph:
 def test_linear_and_matmul_count_two_flops_per_multiply_add():
     n, fin, fout = 3, 8, 16
     x = Node("x", NodeKind.INPUT, "input", outputs=(f32(n, fin),))
-    fc = Node("fc", NodeKind.OP, "linear", (Ref("x"),), (f32(n, fout),), "fc", "Linear")
+    fc = Node(
+        "fc", NodeKind.OP, "linear", (Ref("x"),), (f32(n, fout),), "fc", "Linear", attrs=MATMUL
+    )
     g = _graph(x, fc)
     assert node_flops(g, g.node("fc")) == 2 * fin * fout * n
     w = Node("w", NodeKind.CONSTANT, "parameter", outputs=(f32(fin, fout),))
-    mm = Node("mm", NodeKind.OP, "matmul", (Ref("x"), Ref("w")), (f32(n, fout),))
+    mm = Node("mm", NodeKind.OP, "matmul", (Ref("x"), Ref("w")), (f32(n, fout),), attrs=MATMUL)
     g = _graph(x, w, mm)
     assert node_flops(g, g.node("mm")) == 2 * fin * fout * n
 
@@ -45,6 +53,7 @@ def test_conv_from_module_attrs_and_from_the_weight_agree_with_the_textbook():
         ("out_channels", cout),
         ("kernel_size", (kh, kw)),
         ("groups", groups),
+        *category_attr(OpCategory.CONV),
     )
     conv = Node("conv", NodeKind.OP, "conv2d", (Ref("x"),), (f32(n, cout, h, w),), attrs=attrs)
     g = _graph(x, conv)
@@ -56,6 +65,7 @@ def test_conv_from_module_attrs_and_from_the_weight_agree_with_the_textbook():
         "conv_general_dilated",
         (Ref("x"), Ref("weight")),
         (f32(n, cout, h, w),),
+        attrs=category_attr(OpCategory.CONV),
     )
     g = _graph(x, weight, lax)
     assert node_flops(g, g.node("conv")) == textbook
@@ -63,9 +73,9 @@ def test_conv_from_module_attrs_and_from_the_weight_agree_with_the_textbook():
 
 def test_elementwise_reductions_free_ops_and_unknown_ops():
     x = Node("x", NodeKind.INPUT, "input", outputs=(f32(2, 8),))
-    relu = Node("relu", NodeKind.OP, "relu", (Ref("x"),), (f32(2, 8),))
-    total = Node("sum", NodeKind.OP, "sum", (Ref("relu"),), (f32(2),))
-    view = Node("view", NodeKind.OP, "view", (Ref("sum"),), (f32(1, 2),))
+    relu = Node("relu", NodeKind.OP, "relu", (Ref("x"),), (f32(2, 8),), attrs=ELEMENTWISE)
+    total = Node("sum", NodeKind.OP, "sum", (Ref("relu"),), (f32(2),), attrs=REDUCTION)
+    view = Node("view", NodeKind.OP, "view", (Ref("sum"),), (f32(1, 2),), attrs=FREE)
     odd = Node("odd", NodeKind.OP, "my_custom_op", (Ref("view"),), (f32(1, 2),))
     g = _graph(x, relu, total, view, odd)
     assert [node_flops(g, n) for n in g.nodes[1:5]] == [16, 16, 0, None]
@@ -74,10 +84,26 @@ def test_elementwise_reductions_free_ops_and_unknown_ops():
 
 def test_scan_bodies_count_once_per_iteration():
     x = Node("x", NodeKind.INPUT, "input", outputs=(f32(4),), key="in0")
-    carry = Node("scan.carry", NodeKind.OP, "scan_carry", (Ref("x"),), (f32(4),), key="0/in0")
-    tanh = Node("scan.tanh", NodeKind.OP, "tanh", (Ref("scan.carry"),), (f32(4),), key="0/0")
+    carry = Node(
+        "scan.carry", NodeKind.OP, "scan_carry", (Ref("x"),), (f32(4),), attrs=FREE, key="0/in0"
+    )
+    tanh = Node(
+        "scan.tanh",
+        NodeKind.OP,
+        "tanh",
+        (Ref("scan.carry"),),
+        (f32(4),),
+        attrs=ELEMENTWISE,
+        key="0/0",
+    )
     scan = Node(
-        "scan", NodeKind.OP, "scan", (Ref("x"),), (f32(4),), attrs=(("length", 5),), key="0"
+        "scan",
+        NodeKind.OP,
+        "scan",
+        (Ref("x"),),
+        (f32(4),),
+        attrs=(("length", 5), *category_attr(OpCategory.LOOP)),
+        key="0",
     )
     g = _graph(x, carry, tanh, scan)
     assert total_flops(g) == 5 * 4

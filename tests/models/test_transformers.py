@@ -70,9 +70,29 @@ def vit() -> tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any]]:
     return transformers.ViTModel(config), (torch.randn(1, 3, 16, 16),), {}
 
 
+def gemma() -> tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any]]:
+    config = transformers.GemmaConfig(**DECODER, head_dim=16)
+    return transformers.GemmaForCausalLM(config), (IDS,), {}
+
+
+def whisper() -> tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any]]:
+    config = transformers.WhisperConfig(
+        vocab_size=100, num_mel_bins=8, encoder_layers=1, decoder_layers=1, d_model=32,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, max_source_positions=16, max_target_positions=32,
+        decoder_start_token_id=1, pad_token_id=0,
+    )  # fmt: skip
+    features = torch.randn(1, 8, 32)  # (batch, mel bins, 2 * max_source_positions frames)
+    return (
+        transformers.WhisperForConditionalGeneration(config),
+        (features,),
+        {"decoder_input_ids": IDS[:, :3]},
+    )
+
+
 MODELS: dict[str, Callable[[], tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any]]]] = {
     "gpt2": gpt2, "bert": bert, "llama": llama, "mistral": mistral, "mixtral": mixtral,
-    "t5": t5, "vit": vit,
+    "t5": t5, "vit": vit, "gemma": gemma, "whisper": whisper,
 }  # fmt: skip
 
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import clouseau
+from clouseau.ir.selection import as_selector
 from tests.torch import dynamic_models as dm
 from tests.torch import models
 from tests.torch.conftest import assert_same, eager_with_hooks
@@ -39,14 +40,17 @@ def test_a_cnn_traces_once_for_fifty_batch_sizes() -> None:
 
 
 @pytest.mark.slow
-def test_gpt2_traces_a_few_times_for_fifty_sequence_lengths() -> None:
+@pytest.mark.parametrize("traced", [True, False])
+def test_gpt2_traces_a_few_times_for_fifty_sequence_lengths(traced: bool) -> None:
+    # Module paths as globs take the hook path (no trace); as a Selector, the export path.
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     config = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=64)
     model = GPT2LMHeadModel(config).eval()
     paths = ["transformer.h.0.mlp", "transformer.h.1.mlp", "transformer.ln_f"]
-    fmodel = clouseau.instrument(model, select=paths, path=None)
+    select = as_selector(paths) if traced else paths
+    fmodel = clouseau.instrument(model, select=select, path=None)
     lengths = [7, *range(1, 7), *range(8, 51)]  # a length of 1 is its own guard
     for call, length in enumerate(lengths):
         ids = torch.randint(0, 100, (2, length))
@@ -55,6 +59,11 @@ def test_gpt2_traces_a_few_times_for_fifty_sequence_lengths() -> None:
             out = fmodel(ids, use_cache=False)
         assert_same(out.logits, expected.logits)
         _check_modules(fmodel.captured, call, hooks, paths)
+    if not traced:
+        assert fmodel.traces == 0
+        assert fmodel.captured.graph.trace_kind is clouseau.ir.TraceKind.TORCH_HOOKS
+        assert len(fmodel.captured.graphs) == 1  # ranks, not sizes
+        return
     assert fmodel.traces <= 3
     assert fmodel.captured.graph.trace_kind is clouseau.ir.TraceKind.TORCH_EXPORT
     # The first export is static; the second shape's export is dynamic and serves the rest.

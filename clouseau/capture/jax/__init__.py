@@ -5,9 +5,14 @@
 >>> fmodel = cj.instrument(model, select="relu*", sink=sink)
 >>> y = fmodel(x)                                   # same outputs; saves go to the sink
 
-Tracing uses ``jax.make_jaxpr`` with module and activation markers
-(:mod:`.jaxpr_trace`), flattened into one graph (:mod:`.build`); names are documented in
-:mod:`.naming` (with the key map to PyTorch names); lowering is in :mod:`.lower`.
+The pipeline, one module a stage (``README.md`` beside this file maps it in full):
+:mod:`.jaxpr_trace` traces with ``jax.make_jaxpr`` and module and activation markers
+(:mod:`.activations`, :mod:`.state`, :mod:`.batch_pin`); :mod:`.build` flattens the jaxpr
+into one IR graph, named as :mod:`.naming` documents, keyed as :mod:`.keys` says;
+:mod:`.plan` places the saves of the instrumented graph; :mod:`.lower` builds the runnable
+functions, which rerun the jaxpr with :mod:`.interpret` (and :mod:`.intervene` for
+interventions and gradients) and hand the values to the sink through :mod:`.receivers`;
+:mod:`.module` is the instrumented model.
 """
 
 from __future__ import annotations
@@ -20,9 +25,9 @@ import jax
 
 from clouseau.capture.jax.build import build_graph
 from clouseau.capture.jax.jaxpr_trace import Traced, split, trace_jaxpr
-from clouseau.capture.jax.lower import Plan, make_plan
 from clouseau.capture.jax.module import Core, InstrumentedFunction, InstrumentedModule
 from clouseau.capture.jax.naming import ACTIVATIONS, TORCH_KEY_MAP, map_keys
+from clouseau.capture.jax.plan import Plan, make_plan
 from clouseau.ir.graph import Graph
 from clouseau.ir.passes import insert_saves
 from clouseau.ir.selection import SelectLike, check_select
@@ -105,6 +110,9 @@ def instrument(
 @dataclass(frozen=True)
 class Lowered:
     """What an exporter needs to rebuild the instrumented computation elsewhere (ONNX).
+
+    The frontend's lowering for exporters (:func:`lower`); the runnable lowering of an
+    instrumented model is :class:`clouseau.capture.jax.lower.Runnable`.
 
     ``traced.jaxpr`` is the closed jaxpr whose invars are ``arrays`` (the array leaves of
     ``(model, args, kwargs)``, named by ``traced.in_names``); ``graph`` is its IR with the

@@ -9,10 +9,9 @@ after its bodies, whose outputs are the loop's or branch's results. Activation m
 JAX's own jitted or custom-derivative helpers are one node each.
 
 ``Node.key`` is the equation's path through the nested jaxprs (``"3/0/5"``: equation 5 of
-the sub-jaxpr of equation 0 of the sub-jaxpr of equation 3); ``"3/in1"`` is input 1 of
-that sub-jaxpr (a scan carry or slice); a cond's branch ``b`` is ``"3/b1/..."`` and a
-while's body ``"3/body/..."``. :mod:`~clouseau.capture.jax.lower` finds the
-values to save by these keys.
+the sub-jaxpr of equation 0 of the sub-jaxpr of equation 3), built with the constructors
+of :mod:`~clouseau.capture.jax.keys`; :mod:`~clouseau.capture.jax.plan` finds the values
+to save by these keys.
 """
 
 from __future__ import annotations
@@ -23,9 +22,21 @@ from typing import Any
 import numpy as np
 
 from clouseau.capture.jax import _compat
+from clouseau.capture.jax.flop_ops import category
 from clouseau.capture.jax.jaxpr_trace import FN_MARK, MODULE_MARK, Traced
+from clouseau.capture.jax.keys import (
+    CALLS,
+    CUSTOM,
+    REMAT,
+    ROOT,
+    body_key,
+    branch_key,
+    const_key,
+    equation_key,
+    input_key,
+)
 from clouseau.capture.jax.naming import Namer, clean, join
-from clouseau.capture.jax.rerun import CUSTOM
+from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import (
     VARIES,
     DType,
@@ -70,13 +81,15 @@ def build_graph(traced: Traced) -> Graph:
         kind, op = (NodeKind.CONSTANT, "param") if is_param else (NodeKind.INPUT, "input")
         attrs = _VARIES if index in traced.state else ()
         in_refs.append(
-            builder.add(name, kind, op, (), (var,), Scope(), f"in{index}", attrs=attrs, exact=True)
+            builder.add(
+                name, kind, op, (), (var,), Scope(), input_key(ROOT, index), attrs=attrs, exact=True
+            )
         )
     const_refs = [
-        builder.add("const", NodeKind.CONSTANT, "const", (), (v,), Scope(), f"c{i}")
+        builder.add("const", NodeKind.CONSTANT, "const", (), (v,), Scope(), const_key(ROOT, i))
         for i, v in enumerate(closed.jaxpr.constvars)
     ]
-    outs = builder.walk(closed.jaxpr, const_refs, in_refs, "", Scope())
+    outs = builder.walk(closed.jaxpr, const_refs, in_refs, ROOT, Scope())
     builder.nodes.append(
         Node(
             name="output",
@@ -136,7 +149,7 @@ class _Builder:
             module=scope.module,
             module_type=scope.module_type,
             source=source,
-            attrs=attrs,
+            attrs=(*attrs, *category_attr(category(op))),
             key=key,
         )
         self.index[name] = len(self.nodes)
@@ -165,7 +178,7 @@ class _Builder:
         for var, ref in zip(jaxpr.invars, in_refs, strict=True):
             env[var] = ref
         for position, eqn in enumerate(jaxpr.eqns):
-            ekey = f"{key}/{position}" if key else str(position)
+            ekey = equation_key(key, position)
             inputs = [env.get(v) if not _is_literal(v) else None for v in eqn.invars]
             outs = self.equation(eqn, ekey, inputs, scope)
             for var, ref in zip(eqn.outvars, outs, strict=True):
@@ -178,7 +191,7 @@ class _Builder:
         prim = eqn.primitive.name
         local = _local_scope(scope, eqn)
         refs = tuple(r for r in inputs if r is not None)
-        if prim in ("jit", "pjit"):
+        if prim in CALLS:
             name = str(eqn.params.get("name", "jit"))
             inner = eqn.params["jaxpr"]
             if name.startswith(MODULE_MARK):
@@ -198,7 +211,7 @@ class _Builder:
             outs = self._sub(inner.jaxpr, inner.consts, inputs, key, sub)
             self._alias_outputs(outs, path, reserved=True)
             return outs
-        if prim in ("remat2", "checkpoint", "remat"):
+        if prim in REMAT:
             return self._sub(eqn.params["jaxpr"], (), inputs, key, local)
         if prim == "scan":
             return self._scan(eqn, key, inputs, local)
@@ -234,7 +247,7 @@ class _Builder:
         const_refs: list[Ref | None] = []
         for i, var in enumerate(jaxpr.constvars):
             const_refs.append(
-                self.add("const", NodeKind.CONSTANT, "const", (), (var,), scope, f"{key}/c{i}")
+                self.add("const", NodeKind.CONSTANT, "const", (), (var,), scope, const_key(key, i))
             )
         del consts
         return self.walk(jaxpr, const_refs, inputs, key, scope)
@@ -273,7 +286,7 @@ class _Builder:
         for i, var in enumerate(body.jaxpr.invars[n_consts:], start=n_consts):
             is_carry = i < n_consts + n_carry
             base, op = ("carry", "scan_carry") if is_carry else ("x", "scan_slice")
-            inner_refs.append(self._body_input(base, op, inputs[i], var, sub, f"{key}/in{i}"))
+            inner_refs.append(self._body_input(base, op, inputs[i], var, sub, input_key(key, i)))
         self._sub(body.jaxpr, body.consts, inner_refs, key, sub)
         attrs = (("length", int(params["length"])), ("reverse", bool(params["reverse"])))
         return self._control(name, "scan", eqn, key, inputs, scope, (*attrs, *_VARIES))
@@ -283,24 +296,24 @@ class _Builder:
         name = self.namer_peek(join(scope.prefix, "cond"))
         for b, (closed, label) in enumerate(zip(branches, _branch_labels(branches), strict=True)):
             sub = replace(scope, prefix=join(name, label))
-            self._sub(closed.jaxpr, closed.consts, inputs[1:], f"{key}/b{b}", sub)
+            self._sub(closed.jaxpr, closed.consts, inputs[1:], branch_key(key, b), sub)
         return self._control(name, "cond", eqn, key, inputs, scope, (("branches", len(branches)),))
 
     def _while(
         self, eqn: Any, key: str, inputs: list[Ref | None], scope: Scope
     ) -> list[Ref | None]:
         params = eqn.params
-        body = params["body_jaxpr"]
+        closed, body = params["body_jaxpr"], body_key(key)
         n_cond, n_body = params["cond_nconsts"], params["body_nconsts"]
         name = self.namer_peek(join(scope.prefix, "while"))
         sub = replace(scope, prefix=name)
         inner_refs: list[Ref | None] = list(inputs[n_cond : n_cond + n_body])
-        for i, var in enumerate(body.jaxpr.invars[n_body:], start=n_body):
+        for i, var in enumerate(closed.jaxpr.invars[n_body:], start=n_body):
             outer = inputs[n_cond + i]
             inner_refs.append(
-                self._body_input("carry", "while_carry", outer, var, sub, f"{key}/body/in{i}")
+                self._body_input("carry", "while_carry", outer, var, sub, input_key(body, i))
             )
-        self._sub(body.jaxpr, body.consts, inner_refs, f"{key}/body", sub)
+        self._sub(closed.jaxpr, closed.consts, inner_refs, body, sub)
         return self._control(name, "while", eqn, key, inputs, scope, _VARIES)
 
     def _body_input(
@@ -330,7 +343,7 @@ class _Builder:
             module=scope.module,
             module_type=scope.module_type,
             source=_source(eqn),
-            attrs=attrs,
+            attrs=(*attrs, *category_attr(category(op))),
             key=key,
         )
         self.index[name] = len(self.nodes)
@@ -388,7 +401,7 @@ def _source(eqn: Any) -> Source | None:
 
 def _attrs(eqn: Any) -> tuple[tuple[str, Any], ...]:
     # Only small, plain parameters: enough to read the printed graph.
-    if eqn.primitive.name in ("jit", "pjit", *CUSTOM):
+    if eqn.primitive.name in CALLS | CUSTOM:
         return ()
     out = _flop_attrs(eqn)
     for k, v in eqn.params.items():
@@ -400,7 +413,7 @@ def _attrs(eqn: Any) -> tuple[tuple[str, Any], ...]:
 
 
 def _flop_attrs(eqn: Any) -> list[tuple[str, Any]]:
-    """What FLOP counts need beyond shapes (clouseau.ir.metadata): contraction, layout."""
+    """What FLOP counts need beyond shapes (clouseau.ir.flops): contraction, layout."""
     numbers = eqn.params.get("dimension_numbers")
     if eqn.primitive.name == "dot_general" and numbers is not None:
         return [("lhs_contracting_dims", tuple(int(d) for d in numbers[0][0]))]

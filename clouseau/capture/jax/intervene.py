@@ -1,7 +1,7 @@
 """Lowering of the intervene and save_grad IR nodes in the jaxpr rewrite.
 
-An intervene node becomes a :class:`~clouseau.capture.jax.lower.Rewrite` of the value at
-its producer's key: :func:`~clouseau.capture.jax.rerun.run` replaces the value by
+An intervene node becomes a :class:`~clouseau.capture.jax.plan.Rewrite` of the value at
+its producer's key: :func:`~clouseau.capture.jax.interpret.run` replaces the value by
 ``action.apply(value, JaxOps())`` before any later equation (or save) reads it, so it
 works under ``jit``, ``vmap``, ``grad`` and inside ``scan`` bodies like the model.
 
@@ -26,18 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from clouseau.capture.jax import host
+from clouseau.capture.jax import receivers
+from clouseau.capture.jax.interpret import Stream
 from clouseau.capture.jax.jaxpr_trace import Traced
-from clouseau.capture.jax.lower import (
-    Plan,
-    Rewrite,
-    begin_call,
-    emitter,
-    loops,
-    run_call,
-    stream_emitter,
-)
-from clouseau.capture.jax.rerun import Stream
+from clouseau.capture.jax.lower import begin_call, emitter, run_call, stream_emitter
+from clouseau.capture.jax.plan import Plan, Rewrite, loops
 from clouseau.ir.actions import Action
 from clouseau.ir.graph import Graph
 from clouseau.ir.passes import producer_of
@@ -103,7 +96,7 @@ def grad_emitting(traced: Traced, plan: Plan, graph: Graph, graph_id: int, sink:
         tapped = plan.with_rewrites(taps)
         outs, saved = run_call(closed, tapped, arrays, replace(stream, call=call))
         values = [jax.lax.stop_gradient(v) for v in saved]
-        emitter(partial(host.deliver, sink, graph_id, plan, plan.top))(call, *values)
+        emitter(partial(receivers.deliver, sink, graph_id, plan, plan.top))(call, *values)
         return outs
 
     return jax.jit(emitting)

@@ -16,7 +16,7 @@ each marker (``__clouseau_module_<i>_<call>``) are state.
 
 A module or activation that the model itself calls under ``jax.vmap`` (Equinox's
 ``MultiheadAttention`` vmaps its projections) has its outputs pinned batch axis first
-inside the marker (:mod:`~clouseau.capture.jax.vmap_pin`), so that its point holds what an eager ``jax.vmap`` of
+inside the marker (:mod:`~clouseau.capture.jax.batch_pin`), so that its point holds what an eager ``jax.vmap`` of
 it returns rather than the layout JAX's batching rule chose (``weight @ x`` batched puts
 the batch axis last).
 """
@@ -43,7 +43,7 @@ from clouseau.capture._common import (
     inputs_rejected,
     user_frame,
 )
-from clouseau.capture.jax import _compat, activations, state, vmap_pin
+from clouseau.capture.jax import _compat, activations, batch_pin, state
 from clouseau.capture.jax.naming import ACTIVATIONS, join, key_name, path_name
 from clouseau.ir.errors import ClouseauError, TraceError
 
@@ -150,7 +150,7 @@ def trace_jaxpr(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tr
         before = state.snapshot(tree)
         registry, objects = _find_modules(tree[0], modules)
         marks.clear()
-        with _markers(_Marking(registry, objects, modules, marks)), vmap_pin.root(arrays):
+        with _markers(_Marking(registry, objects, modules, marks)), batch_pin.root(arrays):
             out = tree[0](*a, **k)
         changed = state.changes(tree, before)
         out_parts = split(out)
@@ -159,7 +159,7 @@ def trace_jaxpr(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tr
 
     try:
         avals = [jax.ShapeDtypeStruct(np.shape(a), jax.numpy.result_type(a)) for a in parts.arrays]
-        closed = vmap_pin.make_jaxpr(traced, avals)
+        closed = batch_pin.make_jaxpr(traced, avals)
     except (
         jax.errors.ConcretizationTypeError,
         jax.errors.TracerBoolConversionError,
@@ -387,14 +387,14 @@ def call_marked(
     """
     parts = split((args, kwargs))
     store: dict[str, Split] = {}
-    pin = vmap_pin.for_call(parts.arrays)
+    pin = batch_pin.for_call(parts.arrays)
 
     def inner(*arrays: Any) -> list[Any]:
         a, k = parts.merge(arrays)
-        with vmap_pin.inside(pin, arrays):
+        with batch_pin.inside(pin, arrays):
             out = split(fn(*a, **k))
         store["out"] = out
-        return vmap_pin.pinned_outputs(pin, list(out.arrays), arrays)
+        return batch_pin.pinned_outputs(pin, list(out.arrays), arrays)
 
     inner.__name__ = inner.__qualname__ = name
     results = jax.jit(inner)(*parts.arrays)

@@ -1,7 +1,8 @@
 """Lower an instrumented graph back to runnable JAX: rerun the jaxpr and take out the saves.
 
-:mod:`~clouseau.capture.jax.rerun` re-evaluates the traced jaxpr and opens the sub-jaxprs
-that hold saves. :func:`lower` gives two jitted functions of the model's array leaves:
+:mod:`~clouseau.capture.jax.interpret` re-evaluates the traced jaxpr and opens the
+sub-jaxprs that hold saves. :func:`runnable` gives two jitted functions of the model's
+array leaves (a :class:`Runnable`):
 
 - ``collect`` returns ``(outputs, saved)``: used when the instrumented model is called
   with concrete arrays; the saved values come back as outputs, no host callback (except
@@ -14,9 +15,9 @@ that hold saves. :func:`lower` gives two jitted functions of the model's array l
   the saved values pass ``stop_gradient`` first, so under differentiation JAX runs the
   callback once, on the primal values.
 
-Each saved value is a :class:`Slot` of a :class:`Plan`. Slots without names are hidden:
-the branch index of a ``cond`` (the host keeps a value computed in a branch only when that
-branch ran) and the trip count of a ``while`` (the call's last delivery waits on it).
+Each saved value is a :class:`~clouseau.capture.jax.plan.Slot` of the graph's
+:class:`~clouseau.capture.jax.plan.Plan`; the values reach the sink through the receivers
+of :mod:`~clouseau.capture.jax.receivers`.
 """
 
 from __future__ import annotations
@@ -24,133 +25,24 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import cached_property, partial
+from functools import partial
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import io_callback
 
-from clouseau.capture.jax import host
+from clouseau.capture.jax import receivers
+from clouseau.capture.jax.interpret import Stream, run
 from clouseau.capture.jax.jaxpr_trace import Traced
-from clouseau.capture.jax.rerun import Stream, run
+from clouseau.capture.jax.plan import Plan, Rewrite, make_plan
 from clouseau.ir.errors import TraceError
 from clouseau.ir.graph import Graph
-from clouseau.ir.passes import producer_of
 from clouseau.ir.sink import Sink
 
-CONTROL = frozenset({"scan", "cond", "while"})
-
 
 @dataclass(frozen=True)
-class Slot:
-    """One saved value: which names it has and where in the jaxpr it is computed.
-
-    ``stream`` is the key of the innermost ``while`` around it (``""``: the value leaves
-    with the call's other values); ``loops`` counts the scans between there and the value
-    (its leading iteration axes); ``guards`` pair the slot id of an enclosing cond's
-    branch index with the branch the value is computed in.
-    """
-
-    names: tuple[str, ...]  # () for a hidden slot
-    node: str
-    key: str
-    output: int
-    loops: int
-    stream: str = ""
-    guards: tuple[tuple[int, int], ...] = ()
-
-    @property
-    def nested(self) -> bool:
-        """Inside a scan, cond or while of the model."""
-        return bool(self.loops or self.stream or self.guards)
-
-
-@dataclass(frozen=True, eq=False)
-class Rewrite:
-    """Replace output ``output`` of the equation (or input) at ``key`` by ``fn(value)``.
-
-    An intervention, or a gradient tap: later equations and saves read the new value.
-    """
-
-    key: str
-    output: int
-    fn: Callable[[Any], Any]
-
-
-@dataclass(frozen=True)
-class Plan:
-    slots: tuple[Slot, ...]
-    rewrites: tuple[Rewrite, ...] = ()
-
-    def record(self, key: str, values: Sequence[Any], saved: dict[int, Any]) -> None:
-        """Put the values of the slots at ``key`` (an equation or input) in ``saved``."""
-        for i in self._by_key.get(key, ()):
-            saved[i] = values[self.slots[i].output]
-
-    @cached_property
-    def _by_key(self) -> dict[str, list[int]]:
-        found: dict[str, list[int]] = {}
-        for i, slot in enumerate(self.slots):
-            found.setdefault(slot.key, []).append(i)
-        return found
-
-    def inside(self, key: str) -> bool:
-        prefix = key + "/"
-        return any(s.key.startswith(prefix) for s in (*self.slots, *self.rewrites))
-
-    def rewrites_inside(self, key: str) -> bool:
-        return any(r.key.startswith(key + "/") for r in self.rewrites)
-
-    def streams_inside(self, key: str) -> bool:
-        """A while loop inside ``key`` streams values (it needs the iteration numbers)."""
-        return any(s.stream.startswith(key + "/") for s in self.slots)
-
-    def collected_inside(self, key: str) -> list[int]:
-        """Slot ids inside ``key`` whose values leave through it (not streamed inside)."""
-        stream = self.stream_at(key)
-        own = (f"{key}/index", f"{key}/count")  # recorded outside it
-        return [
-            i
-            for i, s in enumerate(self.slots)
-            if s.key.startswith(key + "/") and s.key not in own and s.stream == stream
-        ]
-
-    def stream_at(self, key: str) -> str:
-        """The key of the innermost while around ``key`` whose body streams (``""``)."""
-        found = ""
-        for s in self.slots:
-            if s.stream and key.startswith(s.stream + "/") and len(s.stream) > len(found):
-                found = s.stream
-        return found
-
-    def streamed_by(self, key: str) -> list[int]:
-        return [i for i, s in enumerate(self.slots) if s.stream == key]
-
-    @cached_property
-    def top(self) -> tuple[int, ...]:
-        """Slot ids delivered at the end of the call."""
-        return tuple(i for i, s in enumerate(self.slots) if not s.stream)
-
-    @cached_property
-    def streams(self) -> bool:
-        """A while loop streams values: ``collect`` takes the call index first."""
-        return any(s.stream for s in self.slots)
-
-    def rewrite(self, key: str, values: Sequence[Any]) -> list[Any]:
-        """``values`` of the equation at ``key`` with its rewrites applied, in order."""
-        values = list(values)
-        for r in self.rewrites:
-            if r.key == key:
-                values[r.output] = r.fn(values[r.output])
-        return values
-
-    def with_rewrites(self, more: Sequence[Rewrite]) -> Plan:
-        return replace(self, rewrites=(*self.rewrites, *more))
-
-
-@dataclass(frozen=True)
-class Lowered:
+class Runnable:
     """The runnable forms of one instrumented graph (one input signature).
 
     ``collect(*arrays)`` (``collect(call, *arrays)`` where ``plan.streams``: the call
@@ -166,77 +58,9 @@ class Lowered:
     unpack: Callable[[Sequence[Any]], list[Any]]  # the saved values of collect's packed ones
 
 
-def make_plan(graph: Graph, rewrites: Sequence[Rewrite] = ()) -> Plan:
-    """The slots of the save nodes of ``graph`` in graph order, each hidden one first needed.
-
-    A save of an intervened value sits at the producer's key: the rewrite runs first.
-    """
-    return _Placer(graph).plan(tuple(rewrites))
-
-
-class _Placer:
-    """Places saved values in the control flow of a graph (see :class:`Slot`)."""
-
-    def __init__(self, graph: Graph) -> None:
-        self.graph = graph
-        self.control = {n.key: n for n in graph.nodes if n.op in CONTROL}
-        self.slots: list[Slot] = []
-        self.hidden: dict[str, int] = {}
-
-    def plan(self, rewrites: tuple[Rewrite, ...]) -> Plan:
-        for save in self.graph.saves:
-            ref = producer_of(self.graph, save.inputs[0])
-            node = self.graph.node(ref.node)
-            names = save.names
-            self.slots.append(self.slot(names, node.name, node.key, ref.index))
-        return Plan(tuple(self.slots), rewrites)
-
-    def slot(
-        self, names: tuple[str, ...], node: str, key: str, output: int, where: str = ""
-    ) -> Slot:
-        """The slot of the value at ``key``, computed where the equation ``where`` is."""
-        where = where or key
-        chain = [k for k in _prefixes(where) if k in self.control]
-        whiles = [k for k in chain if self.control[k].op == "while"]
-        stream = whiles[-1] if whiles else ""
-        inner = chain[chain.index(stream) + 1 :] if stream else chain
-        guards = tuple(
-            (self.hidden_slot(f"{k}/index", k), _branch(where, k))
-            for k in inner
-            if self.control[k].op == "cond"
-        )
-        for k in whiles:
-            self.hidden_slot(f"{k}/count", k)
-        loops = sum(self.control[k].op == "scan" for k in inner)
-        return Slot(names, node, key, output, loops, stream, guards)
-
-    def hidden_slot(self, key: str, owner: str) -> int:
-        if key not in self.hidden:
-            # Computed just outside the cond or while it belongs to.
-            slot = self.slot((), self.control[owner].name, key, 0, where=owner)
-            self.hidden[key] = len(self.slots)
-            self.slots.append(slot)
-        return self.hidden[key]
-
-
-def _prefixes(key: str) -> list[str]:
-    parts = key.split("/")
-    return ["/".join(parts[:i]) for i in range(1, len(parts))]
-
-
-def _branch(key: str, cond: str) -> int:
-    return int(key[len(cond) + 1 :].split("/")[0].removeprefix("b"))
-
-
-def loops(graph: Graph, key: str) -> int:
-    """How many scans and while loops enclose the equation at ``key``."""
-    control = {n.key for n in graph.nodes if n.op in ("scan", "while")}
-    return sum(k in control for k in _prefixes(key))
-
-
-def lower(
+def runnable(
     traced: Traced, graph: Graph, graph_id: int, sink: Sink, rewrites: Sequence[Rewrite] = ()
-) -> Lowered:
+) -> Runnable:
     """Build the ``collect`` and ``emitting`` functions of an instrumented graph.
 
     ``rewrites`` are the graph's interventions (see :mod:`clouseau.capture.jax.intervene`).
@@ -245,7 +69,7 @@ def lower(
     closed = traced.jaxpr
     stream = Stream(emit=stream_emitter(plan, sink, graph_id))
 
-    layouts: list[host.Layout] = []  # set when collect is traced
+    layouts: list[receivers.Layout] = []  # set when collect is traced
 
     def collect(*arrays: Any) -> tuple[list[Any], list[Any]]:
         call, arrays = (arrays[0], arrays[1:]) if plan.streams else (None, arrays)
@@ -255,16 +79,16 @@ def lower(
         return outs, packed
 
     def unpack(packed: Sequence[Any]) -> list[Any]:
-        return host.cut(layouts[0], packed)
+        return receivers.cut(layouts[0], packed)
 
     def emitting(*arrays: Any) -> list[Any]:
         call = begin_call(sink) if plan.streams else jnp.int32(-1)
         outs, saved = run_call(closed, plan, arrays, replace(stream, call=call))
         values = [jax.lax.stop_gradient(v) for v in saved]
-        emitter(partial(host.deliver, sink, graph_id, plan, plan.top))(call, *values)
+        emitter(partial(receivers.deliver, sink, graph_id, plan, plan.top))(call, *values)
         return outs
 
-    return Lowered(graph, graph_id, plan, jax.jit(collect), jax.jit(emitting), unpack)
+    return Runnable(graph, graph_id, plan, jax.jit(collect), jax.jit(emitting), unpack)
 
 
 def run_call(
@@ -285,7 +109,7 @@ def run_call(
 def stream_emitter(plan: Plan, sink: Sink, graph_id: int) -> Callable[..., None]:
     def emit(key: str, call: Any, counters: tuple[Any, ...], values: list[Any]) -> None:
         ids = tuple(plan.streamed_by(key))
-        put = partial(host.put_stream, sink, graph_id, plan, ids, len(counters))
+        put = partial(receivers.put_stream, sink, graph_id, plan, ids, len(counters))
         emitter(put)(call, *counters, *[jax.lax.stop_gradient(v) for v in values])
 
     return emit
@@ -294,7 +118,7 @@ def stream_emitter(plan: Plan, sink: Sink, graph_id: int) -> Callable[..., None]
 def begin_call(sink: Sink) -> Any:
     """The sink's next call index, numbered on the host when the computation runs."""
     return io_callback(
-        partial(host.begin, sink), jax.ShapeDtypeStruct((), jnp.int32), ordered=False
+        partial(receivers.begin, sink), jax.ShapeDtypeStruct((), jnp.int32), ordered=False
     )
 
 
@@ -309,7 +133,7 @@ def emitter(fn: Callable[..., None], nbatch: int = 0) -> Callable[..., Any]:
     @jax.custom_batching.custom_vmap
     def emit(call: Any, *values: Any) -> tuple[()]:
         layout, packed = pack(values)
-        jax.debug.callback(partial(host.unpack, fn, nbatch, layout), call, *packed)
+        jax.debug.callback(partial(receivers.unpack, fn, nbatch, layout), call, *packed)
         return ()
 
     @emit.def_vmap
@@ -330,7 +154,7 @@ def emitter(fn: Callable[..., None], nbatch: int = 0) -> Callable[..., Any]:
 PACKED_BYTES = 1 << 18  # values up to 256 KiB travel packed; larger ones on their own
 
 
-def pack(values: Sequence[Any]) -> tuple[host.Layout, list[Any]]:
+def pack(values: Sequence[Any]) -> tuple[receivers.Layout, list[Any]]:
     """Small values raveled into one array per dtype, and where each value is.
 
     Moving an array to the host (``device_get``, a callback argument) has a fixed cost

@@ -21,11 +21,11 @@ import numpy as np
 
 from clouseau.capture._common import SinkCall
 from clouseau.capture._session import CaptureSession
-from clouseau.capture.jax import _compat, host, state
+from clouseau.capture.jax import _compat, receivers, state
 from clouseau.capture.jax.build import build_graph
 from clouseau.capture.jax.intervene import grad_emitting, intervention_rewrites
 from clouseau.capture.jax.jaxpr_trace import Split, Traced, signature, split, trace_jaxpr
-from clouseau.capture.jax.lower import Lowered, lower
+from clouseau.capture.jax.lower import Runnable, runnable
 from clouseau.ir.actions import Action
 from clouseau.ir.graph import Graph
 from clouseau.ir.interventions import Grads, rewrite
@@ -36,7 +36,7 @@ from clouseau.ir.sink import Sink
 @dataclass(frozen=True)
 class _Entry:
     traced: Traced
-    lowered: Lowered
+    lowered: Runnable
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class Core:
             outs = self._collect(entry.lowered, arrays)
         return entry.traced.outputs((model, args, kwargs), outs)
 
-    def _collect(self, lowered: Lowered, arrays: tuple[Any, ...]) -> list[Any]:
+    def _collect(self, lowered: Runnable, arrays: tuple[Any, ...]) -> list[Any]:
         plan = lowered.plan
         with SinkCall(self.sink) as call:
             if plan.streams:
@@ -112,7 +112,7 @@ class Core:
             else:
                 outs, saved = lowered.collect(*arrays)
             saved = lowered.unpack(jax.device_get(saved))
-            self.sink.put(call, lowered.graph_id, host.saved_values(plan, plan.top, saved, 0))
+            self.sink.put(call, lowered.graph_id, receivers.saved_values(plan, plan.top, saved, 0))
         return outs
 
     def _plain(self, parts: Split) -> _Plain:
@@ -140,7 +140,7 @@ class Core:
                 graph = rewritten.graph
                 graph_id = self.sink.add_graph(graph)
                 rewrites = intervention_rewrites(graph, rewritten.actions)
-                lowered = lower(traced, graph, graph_id, self.sink, rewrites)
+                lowered = runnable(traced, graph, graph_id, self.sink, rewrites)
                 if graph.grad_saves:
                     emitting = grad_emitting(traced, lowered.plan, graph, graph_id, self.sink)
                     lowered = replace(lowered, emitting=emitting)

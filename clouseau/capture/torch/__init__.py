@@ -17,6 +17,7 @@ from clouseau.capture.torch.host import to_numpy
 from clouseau.capture.torch.ir_build import trace_model
 from clouseau.capture.torch.lower import Lowered, lower
 from clouseau.capture.torch.module import InstrumentedModule
+from clouseau.capture.torch.names import torchvision_points
 from clouseau.capture.torch.traced import mark_leaf
 from clouseau.ir.graph import Graph
 from clouseau.ir.selection import SelectLike, check_select
@@ -31,6 +32,7 @@ __all__ = [
     "lower",
     "mark_leaf",
     "to_numpy",
+    "torchvision_points",
     "trace",
 ]
 

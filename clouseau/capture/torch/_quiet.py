@@ -61,3 +61,50 @@ def quiet_export() -> Iterator[None]:
             sys.stderr = original
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
+
+
+class _DropWhileQuiet(logging.Filter):
+    """Drops records below ERROR logged in a thread inside :func:`quiet_dynamo`."""
+
+    def __init__(self) -> None:
+        super().__init__("clouseau-quiet")
+        self.local = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or not getattr(self.local, "quiet", False)
+
+
+_DROP = _DropWhileQuiet()
+
+
+_SEEN = [-1]  # how many loggers existed at the last install
+
+
+def _install() -> None:
+    """Put the filter on the handlers torch gives its own loggers (they do not propagate:
+    a filter on a logger would miss its children's records)."""
+    loggers = logging.Logger.manager.loggerDict
+    if len(loggers) == _SEEN[0]:
+        return
+    _SEEN[0] = len(loggers)
+    for name, logger in list(loggers.items()):
+        if not name.startswith("torch") or not isinstance(logger, logging.Logger):
+            continue
+        for handler in logger.handlers:
+            if _DROP not in handler.filters:
+                handler.addFilter(_DROP)
+
+
+@contextmanager
+def quiet_dynamo() -> Iterator[None]:
+    """Drop TorchDynamo's warnings (graph breaks, recompilations) logged in this thread
+    while the block runs: the dynamic tier compiles the model on the user's behalf, and
+    its own warning names the tier and why. ERROR records still get through."""
+    _install()
+    local = _DROP.local
+    outer = getattr(local, "quiet", False)
+    local.quiet = True
+    try:
+        yield
+    finally:
+        local.quiet = outer

@@ -21,10 +21,13 @@ from typing import Any
 import torch
 
 from clouseau.capture._common import SinkCall, first_line
+from clouseau.capture.torch._quiet import quiet_dynamo
+from clouseau.capture.torch.flop_ops import category
 from clouseau.capture.torch.host import to_numpy
 from clouseau.capture.torch.naming import is_user_file, spec_of
-from clouseau.capture.torch.regions import RegionCompiler
+from clouseau.capture.torch.regions import RegionCompiler, RootSkipped
 from clouseau.ir.actions import Action
+from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref, TraceKind
 from clouseau.ir.selection import SelectLike, select_points
 from clouseau.ir.sink import SavedValue, Sink
@@ -55,18 +58,35 @@ class DynamicTier:
         return self.compiler.traces + self.hooks.traces
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # Until the root's forward is compiled, a call may start over with hooks: the
+        # random draws made before that must be drawn again alike.
+        rng = None if self.compiler.root_compiled else torch.get_rng_state()
         with SinkCall(self._sink) as call:
             try:
-                with self.compiler.call(call):
+                with self.compiler.call(call), quiet_dynamo():
                     out = self.compiled(*args, **kwargs)
             except Exception as error:
                 if not dynamo_failed(error):
                     raise
                 # Dynamo failed, on its own or on the model's error met while compiling:
                 # the eager run with hooks tells which (and raises the model's own error).
+                if rng is not None:
+                    torch.set_rng_state(rng)
                 out = self.hooks.run(call, args, kwargs)
-                self.failure = f"TorchDynamo: {first_line(error)}"
+                skipped = _root_skipped(error)
+                self.failure = str(skipped) if skipped else f"TorchDynamo: {first_line(error)}"
         return out
+
+
+def _root_skipped(error: BaseException | None) -> RootSkipped | None:
+    """The :class:`RootSkipped` behind Dynamo's wrapping of a backend failure, if any."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, RootSkipped):
+            return error
+        error = getattr(error, "inner_exception", None) or error.__cause__
+        seen += 1
+    return None
 
 
 def dynamo_failed(error: BaseException) -> bool:
@@ -176,6 +196,7 @@ def _module_graph(
                 outputs=(spec,),
                 module=name,
                 module_type=type(module).__name__,
+                attrs=category_attr(category(type(module).__name__)),
             )
         )
     nodes.append(Node("output", NodeKind.OUTPUT, "output"))

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from clouseau.capture.torch.export_hooks import Deferred, deferring, hook_nodes, take_inputs
+from clouseau.capture.torch.fx_trace import numerics_state
 from clouseau.capture.torch.names import element_paths
 
 
@@ -52,30 +54,36 @@ class Marks:
     calls: list[str] = field(default_factory=list)
     elements: list[list[str]] = field(default_factory=list)
     untraceable: dict[str, str] = field(default_factory=dict)  # path -> output type
+    deferred: Deferred | None = None  # the user's forward hooks, run in the graph
 
 
 @contextmanager
 def marking(model: torch.nn.Module) -> Iterator[Marks]:
     """Mark the outputs of every submodule call of ``model`` while the block traces it."""
     marks = Marks()
-    handles = [
-        module.register_forward_hook(_hook(marks, path))
-        for path, module in model.named_modules()
-        if path
-    ]
-    try:
-        yield marks
-    finally:
-        for handle in handles:
-            handle.remove()
+    with deferring(model, numerics_state) as deferred:
+        marks.deferred = deferred
+        handles = [
+            module.register_forward_hook(_hook(marks, path), with_kwargs=True)
+            for path, module in model.named_modules()
+            if path
+        ]
+        try:
+            yield marks
+        finally:
+            for handle in handles:
+                handle.remove()
 
 
 def _hook(marks: Marks, path: str) -> Any:
-    def hook(module: torch.nn.Module, args: Any, out: Any) -> Any:
+    def hook(module: torch.nn.Module, args: Any, kwargs: Any, out: Any) -> Any:
         call = len(marks.calls)
         marks.calls.append(path)
         suffixes: list[str] = []
         marks.elements.append(suffixes)
+        given = out
+        if marks.deferred is not None and module in marks.deferred.hooks:
+            out = marks.deferred.take(module, call, out, args, kwargs)
 
         def mark(value: Any, suffix: str) -> Any:
             if not isinstance(value, torch.Tensor):
@@ -91,7 +99,7 @@ def _hook(marks: Marks, path: str) -> Any:
                 suffixes.clear()
         if out is not None:
             marks.untraceable.setdefault(path, type(out).__name__)
-        return None
+        return out if out is not given else None
 
     return hook
 
@@ -116,6 +124,28 @@ def _rebuild(value: Any, leaves: Iterator[Any]) -> Any:
     return next(leaves)
 
 
+def _return_too(
+    node: fx.Node, region: fx.GraphModule, output: fx.Node, returned: Any, dropped: list[fx.Node]
+) -> None:
+    """Make ``region`` also return ``dropped``, each read by a new ``getitem`` of ``node``."""
+    output.args = ((*returned, *dropped),)
+    region.recompile()
+    anchor = node
+    for index, value in enumerate(dropped, start=len(returned)):
+        with node.graph.inserting_after(anchor):
+            anchor = node.graph.call_function(operator.getitem, (node, index))
+        anchor.meta = dict(value.meta)  # its module stack names it inside its module
+
+
+def _repair_users(graph: fx.Graph) -> None:
+    """Make every node's ``users`` list the nodes that read it: export can leave a node's
+    ``users`` short (seen around a ``no_grad`` region), and ``replace_all_uses_with``
+    rewires only the users it lists."""
+    for node in graph.nodes:
+        for source in node.all_input_nodes:
+            source.users.setdefault(node, None)
+
+
 class _CannotRebuild(Exception):
     pass
 
@@ -124,9 +154,14 @@ def take_marks(gm: fx.GraphModule, marks: Marks) -> dict[fx.Node, list[Mark]]:
     """Remove the marks from ``gm``; for each marked node, the module outputs it is.
 
     A mark inside a region export keeps as a submodule (``torch.autocast``, ``no_grad``)
-    is removed there too, and passed on to the ``getitem`` that takes the value out.
+    is removed there too, and passed on to the ``getitem`` that takes the value out; a
+    marked value the region does not return (export dropped it: nothing outside used it)
+    becomes an extra output of the region, so that every module call stays a point.
     """
+    _repair_users(gm.graph)
     found: dict[fx.Node, list[Mark]] = {}
+    inputs = take_inputs(gm.graph)
+    removed: dict[fx.Node, fx.Node] = {}  # an input may be a module's (removed) mark
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and node.target is MARK:
             source, call, element = node.args
@@ -135,11 +170,35 @@ def take_marks(gm: fx.GraphModule, marks: Marks) -> dict[fx.Node, list[Mark]]:
             found.setdefault(source, []).append(Mark(call, marks.elements[call][element]))
             node.replace_all_uses_with(source)
             gm.graph.erase_node(node)
+            removed[node] = source
         elif node.op == "call_function":
             for region in _regions(gm, node):
                 _pass_on(node, region, take_marks(region, marks), found)
+    if marks.deferred is not None and marks.deferred.calls:
+        for nodes in inputs.values():
+            for index, node in nodes.items():
+                while node in removed:
+                    node = removed[node]
+                nodes[index] = node
+        _run_user_hooks(gm.graph, marks.deferred, inputs, found)
     gm.recompile()
     return found
+
+
+def _run_user_hooks(
+    graph: fx.Graph,
+    deferred: Deferred,
+    inputs: dict[int, dict[int, fx.Node]],
+    found: dict[fx.Node, list[Mark]],
+) -> None:
+    """Put the nodes running deferred user hooks in; the marks of the hooked call and of
+    the calls that returned its value (its parents) move to the hooks' result."""
+    outputs = {m.call: node for node, ms in found.items() for m in ms if not m.suffix}
+    placed = hook_nodes(graph, deferred, inputs, outputs.get)
+    for call, (out, node) in placed.items():
+        moving = [m for m in found.get(out, ()) if m.call >= call]
+        found[out] = [m for m in found[out] if m.call < call]
+        found.setdefault(node, []).extend(moving)
 
 
 def _regions(gm: fx.GraphModule, node: fx.Node) -> list[fx.GraphModule]:
@@ -162,6 +221,10 @@ def _pass_on(
     returned = output.args[0]
     if not isinstance(returned, tuple | list):
         return
+    dropped = [value for value in inner if value not in returned]
+    if dropped:
+        _return_too(node, region, output, returned, dropped)
+        returned = output.args[0]
     for user in node.users:
         if user.target is operator.getitem and isinstance(user.args[1], int):
             value = returned[user.args[1]]

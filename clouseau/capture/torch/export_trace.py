@@ -31,7 +31,13 @@ from clouseau.capture.torch.caches import CacheAdopter
 from clouseau.capture.torch.export_marks import Mark, Marks, marking, take_marks
 from clouseau.capture.torch.names import PointNamer
 from clouseau.capture.torch.naming import function_op, source_from_stack_trace, target_name
-from clouseau.capture.torch.traced import NodeInfo, Traced, canonical_kwargs, is_leaf_type_name
+from clouseau.capture.torch.traced import (
+    NodeInfo,
+    Traced,
+    canonical_kwargs,
+    is_leaf_type_name,
+    name_tuple_elements,
+)
 from clouseau.ir.errors import TraceError
 from clouseau.ir.graph import NodeKind, TraceKind
 
@@ -118,7 +124,9 @@ def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
     return Traced(
         gm=gm,
         frontend=TraceKind.TORCH_EXPORT,
-        infos=_infos(gm.graph, namer, type(model).__name__, weight_kind, marked, marks),
+        infos=name_tuple_elements(
+            gm.graph, _infos(gm.graph, namer, type(model).__name__, weight_kind, marked, marks)
+        ),
         to_inputs=to_inputs,
         from_outputs=lambda flat: caches.adopt(tree_unflatten(list(flat), out_spec)),
         opaque_outputs=tuple((namer.path(p), t) for p, t in marks.untraceable.items()),

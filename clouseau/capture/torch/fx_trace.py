@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from clouseau.capture.torch.export_hooks import hooks_runner, run_hooks
 from clouseau.capture.torch.names import PointNamer, element_paths
 from clouseau.capture.torch.naming import (
     INPLACE_OPERATORS,
@@ -27,6 +28,7 @@ from clouseau.capture.torch.traced import (
     forward_signature,
     has_tensor,
     is_leaf,
+    name_tuple_elements,
 )
 from clouseau.ir.graph import NodeKind, Source, TraceKind
 
@@ -130,14 +132,42 @@ class NamingTracer(fx.Tracer):
         kwargs: dict[str, Any],
     ) -> Any:
         path = self.path_of_module(m)
+        leaf = self.is_leaf_module(m, path)
         outer, self._where = self._where, (path, type(m).__name__)
+        hooks = None if leaf or not m._forward_hooks else dict(m._forward_hooks)
         try:
+            if hooks is not None:  # traced through: the hooks would run once, on proxies
+                m._forward_hooks.clear()
             out = super().call_module(m, forward, args, kwargs)
         finally:
+            if hooks is not None:
+                m._forward_hooks.update(hooks)
+        try:
+            if hooks is not None:  # named inside the module: <path>.forward_hooks
+                out = self._hooks_node(m, args, kwargs, out)
+        finally:
             self._where = outer
-        if not self.is_leaf_module(m, path):
+        if not leaf:
             self.calls.append((path, None, out))
         return out
+
+    def _hooks_node(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+    ) -> Any:
+        """A node that runs ``module``'s forward hooks on every call, as ``__call__`` does
+        (a leaf module's call node runs them by itself)."""
+        if isinstance(out, fx.Proxy):
+            try:
+                target = hooks_runner(module)
+                return self.create_proxy("call_function", target, (args, kwargs, out), {})
+            except (NotImplementedError, TypeError):
+                pass  # an argument fx cannot put in a graph (an arbitrary object)
+        # An output that is not one traced value (a tuple), or arguments fx cannot hold:
+        # the hooks run now, on the traced values, as torch.fx runs them by itself.
+        return run_hooks(
+            module, module._forward_hooks, set(module._forward_hooks_with_kwargs),
+            args, kwargs, out,
+        )  # fmt: skip
 
     def name_nodes(self, graph: fx.Graph) -> None:
         """Name every node once the trace is complete: module calls first, in call order
@@ -286,11 +316,11 @@ def trace_fx(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
     return Traced(
         gm=gm,
         frontend=TraceKind.TORCH_FX,
-        infos=infos,
+        infos=name_tuple_elements(gm.graph, infos),
         to_inputs=InputPicker(signature, names),
         from_outputs=lambda out: out,
         opaque_outputs=tuple(tracer.opaque_outputs.items()),
-        meta=(tracer.namer.meta,),
+        meta=(tracer.namer.meta, tracer.namer.torchvision_meta),
     )
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -21,12 +22,15 @@ from clouseau.capture._common import (
 from clouseau.capture.torch._quiet import quiet_export
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.export_trace import trace_export
+from clouseau.capture.torch.flop_ops import category
 from clouseau.capture.torch.fx_trace import trace_fx
+from clouseau.capture.torch.live import PROVISIONAL, LivePlan
 from clouseau.capture.torch.naming import source_from_exception, source_from_stack
 from clouseau.capture.torch.probe import FirstRun, Probe, probe, probe_call
 from clouseau.capture.torch.symbolic import Symbols, export_symbols, fx_symbols
 from clouseau.capture.torch.traced import NodeInfo, Traced
 from clouseau.ir.errors import TraceError
+from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import (
     AttrValue,
     Graph,
@@ -73,12 +77,19 @@ class TracedModel:
 
 
 def trace_model(
-    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, live: bool = False
+    model: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    live: bool = False,
+    changes: Callable[[Graph], LivePlan] | None = None,
 ) -> TracedModel:
     """Trace ``model(*args, **kwargs)`` with torch.fx, or torch.export when fx fails.
 
     With ``live`` the probe run is the user's call itself (its output and values are in
     ``first``); otherwise it runs on copies and leaves the model, hooks aside, untouched.
+    ``changes`` (with ``live``): the plan of the interventions and gradient taps the call
+    applies, from the provisional IR of the traced graph.
 
     Raises
     ------
@@ -105,14 +116,18 @@ def trace_model(
     )
     # Tracers patch torch.nn.Module process-wide: no lowered graph may run meanwhile.
     with TRACE_LOCK.exclusive():
-        return _trace_model(model, args, kwargs, live)
+        return _trace_model(model, args, kwargs, live, changes)
 
 
 def _trace_model(
-    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], live: bool
+    model: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    live: bool,
+    changes: Callable[[Graph], LivePlan] | None = None,
 ) -> TracedModel:
     fx_infos: Mapping[str, NodeInfo] | None = None
-    run = _live_probe if live else _probe
+    run = partial(_live_probe, changes) if live else _probe
     try:
         traced = trace_fx(model, args, kwargs)
         fx_infos = traced.infos
@@ -160,9 +175,18 @@ def _probe(
 
 
 def _live_probe(
-    traced: Traced, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    changes: Callable[[Graph], LivePlan] | None,
+    traced: Traced,
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> tuple[Probe, FirstRun]:
-    return probe_call(traced.gm, model, traced.to_inputs(args, kwargs))
+    plan = None
+    if changes is not None:
+        # Names and point kinds do not depend on shapes: any spec picks the same values.
+        provisional = Probe({name: PROVISIONAL for name in traced.infos}, frozenset(), frozenset())
+        plan = changes(build_graph(model, traced, provisional))
+    return probe_call(traced.gm, model, traced.to_inputs(args, kwargs), plan)
 
 
 def build_graph(
@@ -202,7 +226,8 @@ def build_graph(
                 source=info.source, key=fx_node.name,
                 aliases=tuple((0, a) for a in info.aliases),
                 attrs=_module_attrs(model, fx_node)
-                + _point_kind(info, inputs, static, fx_node.name in facts.plain),
+                + _point_kind(info, inputs, static, fx_node.name in facts.plain)
+                + category_attr(category(info.op)),
             )
         )  # fmt: skip
         by_fx[fx_node.name] = info.name

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ import torch.fx as fx
 
 from clouseau.capture.torch.intervene import applier, grad_tap
 from clouseau.capture.torch.ir_build import TracedModel, trace_model
+from clouseau.capture.torch.live import live_plan
 from clouseau.ir.actions import Action
 from clouseau.ir.graph import Graph, Node, NodeKind
 from clouseau.ir.interventions import Grads, Rewritten, rewrite
@@ -43,6 +45,7 @@ class SaveTarget:
     node: str
     host_copy: bool
     key: str = ""  # the producer's fx node name
+    changed: bool = False  # the value an intervention returned, not the producer's
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,10 +100,15 @@ def lower(
     """Trace ``model``, rewrite the IR for ``select``, ``intervene`` and ``grads`` (strictly)
     and lower it to a GraphModule.
 
-    With ``live`` (and no ``intervene`` or ``grads``, which change what runs) the trace's
-    probe is the user's call: ``lowered.traced.first`` holds its output and values.
+    With ``live`` the trace's probe is the user's call, applying ``intervene`` and
+    ``grads`` as it runs: ``lowered.traced.first`` holds its output and values.
     """
-    traced = trace_model(model, args, kwargs, live=live and not intervene and not grads)
+    changes = (
+        partial(live_plan, select=select, intervene=intervene, grads=grads)
+        if intervene or grads
+        else None
+    )
+    traced = trace_model(model, args, kwargs, live=live, changes=changes)
     return lower_traced(traced, select, intervene=intervene, grads=grads)
 
 
@@ -127,6 +135,7 @@ def lower_traced(
             producer_of(graph, save.inputs[0]).node,
             _needs_host_copy(graph, traced, save),
             graph.node(producer_of(graph, save.inputs[0]).node).key,
+            graph.node(save.inputs[0].node).kind is NodeKind.INTERVENE,
         )
         for save in graph.saves
     )

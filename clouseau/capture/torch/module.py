@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import replace
 from functools import partial
-from operator import attrgetter
 from typing import Any
 
 import torch
@@ -16,7 +15,9 @@ from clouseau.capture.torch._compat import (
     register_cache_pytrees,
 )
 from clouseau.capture.torch._sync import TRACE_LOCK
+from clouseau.capture.torch.export_hooks import run_hooks
 from clouseau.capture.torch.export_trace import DYNAMIC_EXPORT
+from clouseau.capture.torch.guards import ModuleState
 from clouseau.capture.torch.host import saved_values, to_numpy
 from clouseau.capture.torch.intervene import emitting_grads
 from clouseau.capture.torch.ir_build import UntraceableError
@@ -36,7 +37,6 @@ from clouseau.ir.interventions import Grads
 from clouseau.ir.selection import SelectLike
 from clouseau.ir.sink import SavedValue, Sink
 
-_training = attrgetter("training")
 # Runs a function outside Dynamo (a graph break around it) under torch.compile.
 _eager = torch.compiler.disable
 
@@ -176,6 +176,9 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     ) -> None:
         super().__init__()
         self.model = model
+        # The model's own forward hooks (the same dict, hooks added later included): the
+        # traced graph is its forward, so they run around it, as model.__call__ runs them.
+        self._root_hooks = model._forward_hooks
         register_cache_pytrees(model)  # so that the first call's cache is keyed as later ones
         self._sink = sink
         self._select = select
@@ -188,9 +191,10 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         # guards accept the call.
         self._lowered: dict[Hashable, Any] = {}
         self._by_structure: dict[Hashable, list[_Entry]] = {}
-        self._module_list: tuple[torch.nn.Module, ...] | None = None
+        self._state: ModuleState | None = None
         self._traces = 0
         self._tier: Any = None  # the dynamic or hook tier, once fx and export failed
+        self._hooks: Any = None  # the hook capture; False: the selection needs a trace
         self.register_state_dict_post_hook(_model_keys)
         self.register_load_state_dict_pre_hook(_wrapper_keys)
 
@@ -220,6 +224,15 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         from clouseau.capture.torch.generate import generate
 
         return generate(self, *args, **kwargs)
+
+    def _hook_capture(self) -> Any:
+        """The hook capture, or None when the selection may pick more than module outputs."""
+        if self._hooks is None:
+            from clouseau.capture.torch.hooks_tier import hook_capture
+
+            plain = not self._intervene and not self._grads
+            self._hooks = hook_capture(self.model, self._select, self._sink, plain) or False
+        return self._hooks or None
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(dir(self.model)))
@@ -251,6 +264,17 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             TRACE_LOCK.exit_shared()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        hooks = self._hooks if self._hooks is not None else self._hook_capture()
+        if hooks:  # module outputs only: forward hooks, no trace (hooks_tier.py)
+            return hooks.run(self.model, args, kwargs)
+        out = self._run(args, kwargs)
+        if self._root_hooks and self._tier is None:  # the graph holds the model's forward only
+            model = self.model
+            kw = set(model._forward_hooks_with_kwargs)
+            return run_hooks(model, self._root_hooks, kw, args, kwargs, out)
+        return out
+
+    def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         entry = self._lowered.get(self._key(args, kwargs))
         if entry is None:
             entry, first = self._new_entry(args, kwargs, live=True)
@@ -297,7 +321,9 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         if entry.plain:
             return outputs
         with SinkCall(self._sink) as call:
-            values = tuple(first.values[t.key] for t in entry.targets)
+            if first.grads is not None:  # backward runs later: its taps put into this call
+                first.grads.emit = partial(self._put_grad, call, entry.graph_id)
+            values = tuple(first.value(t.key, changed=t.changed) for t in entry.targets)
             self._sink.put(call, entry.graph_id, saved_values(entry.targets, values, first=True))
         return outputs
 
@@ -313,11 +339,12 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         of: Callable[[Any], Hashable] | None = None,
     ) -> Hashable:
         of = of or exact_key
-        modules = self._module_list
-        if modules is None:  # walking the module tree each call costs more
-            modules = self._module_list = tuple(self.model.modules())
+        state = self._state
+        if state is None:  # walking the module tree each call costs more
+            state = self._state = ModuleState(self.model.modules())
         kw = tuple(sorted((k, of(v)) for k, v in kwargs.items())) if kwargs else ()
-        return (tuple(map(of, args)), kw, tuple(map(_training, modules)))
+        # The modules' state too (training flags, plain attributes): a graph bakes it in.
+        return (tuple(map(of, args)), kw, state.key())
 
     def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self._new_entry(args, kwargs, live=False)[0]
@@ -412,7 +439,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self._lowered.clear()
         self._by_structure.clear()
-        self._module_list = None
+        self._state = None
         return super()._apply(fn, *args, **kwargs)
 
     def extra_repr(self) -> str:

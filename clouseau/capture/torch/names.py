@@ -109,6 +109,8 @@ class PointNamer:
         self._names = _Counters(frozenset(self.paths.values()) - {""})
         self._torchvision = LocalNamer()
         self.calls: list[tuple[str, str]] = []  # (module path, name) of each module call
+        # torchvision's names that are another module's path: (its name, clouseau's point).
+        self.moved: list[tuple[str, str]] = []
 
     def path(self, raw: str) -> str:
         """The point-name form of the raw module path ``raw``."""
@@ -147,11 +149,45 @@ class PointNamer:
         """Graph meta ``module_calls``: ``(module path, point name)`` per call, in order."""
         return ("module_calls", tuple(self.calls))
 
+    @property
+    def torchvision_meta(self) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """Graph meta ``torchvision_names``: ``(torchvision's name, point name)`` wherever
+        torchvision's name of a value is another module's path (see :func:`torchvision_points`)."""
+        return ("torchvision_names", tuple(self.moved))
+
     def _other(self, torchvision: str, name: str) -> str | None:
         # A module path always means that module's output, whatever torchvision says.
-        if torchvision == name or torchvision in self._names.reserved:
+        if torchvision == name:
+            return None
+        if torchvision in self._names.reserved:
+            self.moved.append((torchvision, name))
             return None
         return torchvision
+
+
+def torchvision_points(graph: Any, names: Iterable[str]) -> list[str]:
+    """The point holding ``create_feature_extractor``'s value for each torchvision name.
+
+    torchvision strips ``_<n>`` from module paths as if it were its own counter, so some of
+    its names are another module's path (in ``vit_b_16`` its ``...encoder_layer_0.ln_1`` is
+    the output of ``ln_2``); in clouseau a module path always names its own module's output.
+    This maps such names to clouseau's point of the same value and keeps every other name.
+
+    Parameters
+    ----------
+    graph
+        The fx-traced graph of the model (``clouseau.trace(model, x)`` or
+        ``fmodel.trace(x)``); its meta ``torchvision_names`` lists the moved names.
+    names
+        torchvision's names (``get_graph_node_names(model)[1]``, or ``return_nodes``).
+
+    Returns
+    -------
+    list[str]
+        One point name per name, in order: ``select=`` takes them as they are.
+    """
+    moved = dict(graph.meta_value("torchvision_names", ()))
+    return [moved.get(name, name) for name in names]
 
 
 def element_paths(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx as fx
 
 from clouseau.capture.torch._compat import tensor_version, tree_leaves
+from clouseau.capture.torch.live import GradCell, LivePlan
 from clouseau.capture.torch.naming import is_plain_value, spec_of
 from clouseau.ir.graph import Spec
 
@@ -43,17 +44,31 @@ class Probe:
 
 @dataclass(frozen=True, eq=False)
 class FirstRun:
-    """The user's first call, run once by the probe: its output and every value at birth."""
+    """The user's first call, run once by the probe: its output and every value at birth.
+
+    ``changed``: the values as an intervention changed them (by the producer's fx node
+    name); ``grads``: where the call's gradient taps send gradients.
+    """
 
     output: Any
     values: dict[str, Any]
+    changed: dict[str, Any] = field(default_factory=dict)
+    grads: GradCell | None = None
+
+    def value(self, key: str, *, changed: bool = False) -> Any:
+        """Node ``key``'s value at birth; ``changed``: as the intervention on it returned it."""
+        return self.changed.get(key, self.values[key]) if changed else self.values[key]
 
 
 class _Recorder(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule, *, keep: bool = False) -> None:
+    def __init__(
+        self, gm: fx.GraphModule, *, keep: bool = False, plan: LivePlan | None = None
+    ) -> None:
         super().__init__(gm, garbage_collect_values=False)  # keep storages alive and distinct
         self.keep = keep
+        self.plan = plan
         self.values: dict[str, Any] = {}
+        self.changed: dict[str, Any] = {}
         self.plain: set[str] = set()
         self.specs: dict[str, Spec] = {}
         self.storages: dict[str, set[StorageKey]] = {}
@@ -76,7 +91,17 @@ class _Recorder(fx.Interpreter):
             self.values[n.name] = result.detach().clone()
         self.specs[n.name] = spec_of(result)
         self.storages[n.name] = {_storage(t) for t in _tensors(result)}
+        if self.plan is not None:
+            result = self._change(n.name, result)
         return result
+
+    def _change(self, name: str, result: Any) -> Any:
+        """Apply the plan's intervention and gradient tap to node ``name``'s value."""
+        changed = self.plan.apply(name, result)  # type: ignore[union-attr]
+        if changed is not result and isinstance(changed, torch.Tensor):
+            self.changed[name] = changed.detach().clone()
+            self.storages[name] |= {_storage(changed)}  # later ops read (and mutate) it
+        return changed
 
 
 def probe(gm: fx.GraphModule, model: torch.nn.Module, inputs: tuple[Any, ...]) -> Probe:
@@ -89,16 +114,21 @@ def probe(gm: fx.GraphModule, model: torch.nn.Module, inputs: tuple[Any, ...]) -
 
 
 def probe_call(
-    gm: fx.GraphModule, model: torch.nn.Module, inputs: tuple[Any, ...]
+    gm: fx.GraphModule,
+    model: torch.nn.Module,
+    inputs: tuple[Any, ...],
+    plan: LivePlan | None = None,
 ) -> tuple[Probe, FirstRun]:
     """Run ``gm`` on ``inputs`` as the user's call itself: hooks, buffers, RNG move once.
 
     Besides the facts, it returns the call's output and a copy of every tensor value as
-    it was produced, from which the call's saves are taken: nothing runs twice.
+    it was produced, from which the call's saves are taken: nothing runs twice. ``plan``
+    applies the interventions and gradient taps of the graph that later calls run.
     """
-    recorder = _Recorder(gm, keep=True)
+    recorder = _Recorder(gm, keep=True, plan=plan)
     output = _plain(recorder.run(*inputs))
-    return _facts(gm, model, recorder), FirstRun(output, recorder.values)
+    grads = plan.grads if plan is not None else None
+    return _facts(gm, model, recorder), FirstRun(output, recorder.values, recorder.changed, grads)
 
 
 def _plain(value: Any) -> Any:
@@ -162,7 +192,7 @@ def _copy(value: Any) -> Any:
 @contextmanager
 def restoring_buffers(model: torch.nn.Module) -> Iterator[None]:
     saved = [
-        (module, name, buf, buf.detach().clone())
+        (module, name, buf, buf.detach().clone(), tensor_version(buf))
         for module in model.modules()
         for name, buf in module.named_buffers(recurse=False)
     ]
@@ -170,10 +200,18 @@ def restoring_buffers(model: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         with torch.no_grad():
-            for module, name, buf, copy in saved:
+            for module, name, buf, copy, version in saved:
                 if getattr(module, name) is not buf:
                     setattr(module, name, buf)
-                buf.copy_(copy)
+                # Only a buffer written meanwhile (BatchNorm's kernel writes its running
+                # statistics without moving the version): a needless write would move the
+                # version and fail a backward through a graph that read the buffer.
+                if tensor_version(buf) != version or not _same(buf, copy):
+                    buf.copy_(copy)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool((a == b).logical_or_(a.isnan() & b.isnan()).all())
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -166,6 +167,10 @@ class RegionCompiler:
         if frame is None or self._root is None or frame is self._root:
             self.root_compiled = True
             return "", ""
+        if _runs_uncompiled(self._root):
+            # Dynamo skipped the root's forward (or a super().forward it calls), which now
+            # runs eagerly: its modules would go unseen. Fail, so the call runs with hooks.
+            raise RootSkipped(type(self._root).__name__)
         return self._paths.get(id(frame), ""), type(frame).__qualname__
 
     def _traced(self, gm: fx.GraphModule) -> Traced:
@@ -232,6 +237,32 @@ class RegionCompiler:
             self._namer.reserve(found)
             self._names[key] = found
         return found
+
+
+class RootSkipped(Exception):
+    """Dynamo skipped the root module's ``forward`` (a graph break inside a loop)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"TorchDynamo skipped {name}.forward: a graph break inside a loop")
+
+
+def _runs_uncompiled(module: torch.nn.Module) -> bool:
+    """Whether the original bytecode of a ``forward`` of ``module``'s class (or a base)
+    is on the stack: Dynamo runs a frame it compiled from transformed bytecode, and one
+    it skipped from the original."""
+    codes = {
+        code
+        for cls in type(module).__mro__
+        if cls is not torch.nn.Module
+        for code in [getattr(cls.__dict__.get("forward"), "__code__", None)]
+        if code is not None
+    }
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _flattened(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:

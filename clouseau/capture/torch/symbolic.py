@@ -23,6 +23,7 @@ from clouseau.capture.torch._compat import (
     simplified,
     tree_leaves,
 )
+from clouseau.capture.torch.export_hooks import is_hooks_runner
 from clouseau.capture.torch.naming import is_leaf_class
 from clouseau.capture.torch.probe import restoring_buffers
 
@@ -95,6 +96,11 @@ class _Runner(fx.Interpreter):
             raise _UserLeafError(str(target))
         # forward, not __call__: a shape run is no call of the model (no user hooks).
         return module.forward(*args, **kwargs)
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if is_hooks_runner(target):  # the user's hooks: assumed to keep the output's shape
+            return args[-1]
+        return super().call_function(target, args, kwargs)
 
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)

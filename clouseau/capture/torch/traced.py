@@ -8,6 +8,7 @@ convention and the GraphModule's positional inputs and outputs.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import operator
 import weakref
@@ -20,7 +21,7 @@ import torch
 import torch.fx as fx
 
 from clouseau.capture.torch._compat import tree_leaves
-from clouseau.capture.torch.naming import is_leaf_class
+from clouseau.capture.torch.naming import function_op, is_leaf_class
 from clouseau.ir.graph import AttrValue, NodeKind, Source, TraceKind
 
 
@@ -199,3 +200,47 @@ def canonical_kwargs(model: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str
         return kwargs
     order = {name: i for i, name in enumerate(forward_signature(model).parameters)}
     return dict(sorted(kwargs.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])))
+
+
+# Ops that return a tuple (or list) of tensors, by torch, Tensor method and ATen name. The
+# names say it, not the value: the names must not depend on a run (``x.size()`` is indexed
+# alike, but its value is one point, torchvision's).
+TUPLE_OPS = frozenset({
+    "chunk", "split", "split_with_sizes", "tensor_split", "unsafe_chunk", "unsafe_split",
+    "hsplit", "vsplit", "dsplit", "unbind", "topk", "max", "min", "sort", "kthvalue", "mode",
+    "median", "nanmedian", "cummax", "cummin", "aminmax", "var_mean", "std_mean", "frexp",
+    "meshgrid", "broadcast_tensors", "unique", "unique_consecutive", "histogram",
+})  # fmt: skip
+
+
+def name_tuple_elements(graph: fx.Graph, infos: Mapping[str, NodeInfo]) -> dict[str, NodeInfo]:
+    """Name the elements of ops that return a tuple (``chunk``, ``split``, ``unbind``,
+    ``topk``, ``max(dim)``, ``sort``) as a module's tuple elements are named: the element
+    read by each ``getitem`` is ``<op>:<index>``, the first also ``<op>``, and the call
+    itself ``<op>:tuple``. An op whose value is used otherwise than indexed keeps its name."""
+    found = dict(infos)
+    for node in graph.nodes:
+        info = infos.get(node.name)
+        if (
+            info is None
+            or node.op not in ("call_function", "call_method")
+            or function_op(node.target) not in TUPLE_OPS
+            or info.module_output
+            or not node.users
+            or not all(_indexes(user) for user in node.users)
+        ):
+            continue
+        found[node.name] = dataclasses.replace(info, name=f"{info.name}:tuple")
+        for user in node.users:
+            element = found.get(user.name)
+            if element is None:
+                continue
+            index = user.args[1]
+            first = (info.name,) if index == 0 else ()
+            aliases = (*element.aliases, *first, f"{info.name}:{index}")
+            found[user.name] = dataclasses.replace(element, aliases=aliases)
+    return found
+
+
+def _indexes(user: fx.Node) -> bool:
+    return user.target is operator.getitem and isinstance(user.args[1], int)

@@ -18,8 +18,8 @@ import numpy as np
 
 from clouseau.exporters._dot import spec_label
 from clouseau.exporters.explore._stats import PointError, call_stats, json_safe
+from clouseau.ir.flops import node_flops
 from clouseau.ir.graph import INSTRUMENTATION, Graph, Node, NodeKind, Ref, TensorSpec
-from clouseau.ir.metadata import node_flops
 
 # The page opens with modules expanded down to the deepest level that shows at most this
 # many boxes; deeper modules start collapsed (and the page says so).

@@ -1,4 +1,4 @@
-"""Re-evaluate a traced jaxpr, opening the sub-jaxprs that hold saves or rewrites.
+"""The jaxpr interpreter: re-evaluate a traced jaxpr, opening the sub-jaxprs that hold saves.
 
 Each equation is re-bound as ``jax.core.eval_jaxpr`` does, so the computation is the
 model's. An equation whose sub-jaxpr holds a save (or a rewrite) is rebuilt around the
@@ -23,18 +23,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from clouseau.capture.jax import _compat
+from clouseau.capture.jax.keys import (
+    CALLS,
+    CUSTOM,
+    REMAT,
+    body_key,
+    branch_key,
+    cond_key,
+    const_key,
+    count_key,
+    equation_key,
+    index_key,
+    input_key,
+)
+from clouseau.capture.jax.plan import Plan
 from clouseau.ir.errors import TraceError
-
-if TYPE_CHECKING:
-    from clouseau.capture.jax.lower import Plan
-
-CUSTOM = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
 
 # emit(while key, call index, iteration counters, the while's streamed values)
 Emit = Callable[[str, Any, tuple[Any, ...], list[Any]], None]
@@ -72,11 +81,11 @@ def run(
         plan.record(where, [value], saved)
 
     for i, (var, value) in enumerate(zip(jaxpr.constvars, consts, strict=True)):
-        bind(f"{key}/c{i}" if key else f"c{i}", var, value)
+        bind(const_key(key, i), var, value)
     for i, (var, value) in enumerate(zip(jaxpr.invars, args, strict=True)):
-        bind(f"{key}/in{i}" if key else f"in{i}", var, value)
+        bind(input_key(key, i), var, value)
     for position, eqn in enumerate(jaxpr.eqns):
-        ekey = f"{key}/{position}" if key else str(position)
+        ekey = equation_key(key, position)
         invals = [read(v) for v in eqn.invars]
         if plan.inside(ekey):
             outs = _open(eqn, ekey, invals, plan, saved, stream)
@@ -104,7 +113,7 @@ def _open(
 ) -> list[Any]:
     prim = eqn.primitive.name
     at = _Opening(key, invals, plan, saved, stream)
-    if prim in ("jit", "pjit"):
+    if prim in CALLS:
         inner = eqn.params["jaxpr"]
         return run(inner.jaxpr, inner.consts, invals, key, plan, saved, stream)
     opener = _OPENERS.get(prim)
@@ -180,7 +189,7 @@ def _open_cond(params: dict[str, Any], at: _Opening) -> list[Any]:
     def branch(b: int, closed: Any) -> Callable[..., tuple[list[Any], list[Any]]]:
         def fn(*args: Any) -> tuple[list[Any], list[Any]]:
             local: dict[int, Any] = {}
-            outs = run(closed.jaxpr, closed.consts, args, f"{key}/b{b}", plan, local, stream)
+            outs = run(closed.jaxpr, closed.consts, args, branch_key(key, b), plan, local, stream)
             return outs, [local.get(i) for i in ids]
 
         return fn
@@ -202,7 +211,7 @@ def _open_cond(params: dict[str, Any], at: _Opening) -> list[Any]:
 
     outs, values = jax.lax.switch(index, [filled(fn) for fn in branches], *operands)
     saved.update(zip(ids, values, strict=True))
-    plan.record(f"{key}/index", [index], saved)
+    plan.record(index_key(key), [index], saved)
     return list(outs)
 
 
@@ -214,14 +223,14 @@ def _open_while(params: dict[str, Any], at: _Opening) -> list[Any]:
     streamed = plan.streamed_by(key)
 
     def cond_fn(carry: tuple[Any, list[Any]]) -> Any:
-        return run(cond.jaxpr, cond.consts, [*cond_consts, *carry[1]], f"{key}/cond", plan, {})[0]
+        return run(cond.jaxpr, cond.consts, [*cond_consts, *carry[1]], cond_key(key), plan, {})[0]
 
     def body_fn(carry: tuple[Any, list[Any]]) -> tuple[Any, list[Any]]:
         i, values = carry
         inner = stream.enter(i)
         local: dict[int, Any] = {}
         outs = run(
-            body.jaxpr, body.consts, [*body_consts, *values], f"{key}/body", plan, local, inner
+            body.jaxpr, body.consts, [*body_consts, *values], body_key(key), plan, local, inner
         )
         if streamed:
             if stream.emit is None:
@@ -231,7 +240,7 @@ def _open_while(params: dict[str, Any], at: _Opening) -> list[Any]:
 
     count, outs = jax.lax.while_loop(cond_fn, body_fn, (jnp.int32(0), invals[n_cond + n_body :]))
     # The trip count makes the call's last delivery wait for this loop's streamed values.
-    plan.record(f"{key}/count", [count], saved)
+    plan.record(count_key(key), [count], saved)
     return list(outs)
 
 
@@ -247,9 +256,7 @@ def _open_custom(eqn: Any, at: _Opening) -> list[Any]:
 
 
 _OPENERS: dict[str, Callable[[dict[str, Any], _Opening], list[Any]]] = {
-    "remat2": _open_remat,
-    "checkpoint": _open_remat,
-    "remat": _open_remat,
+    **dict.fromkeys(sorted(REMAT), _open_remat),
     "scan": _open_scan,
     "cond": _open_cond,
     "while": _open_while,

@@ -1,25 +1,22 @@
-"""The host side of the JAX saves: numbered calls, split iterations, kept branches.
+"""The host-callback receivers of the JAX saves: numbered calls, split iterations, kept branches.
 
 Functions here receive numpy-convertible arrays from ``jax.device_get`` or from a host
 callback (:func:`~clouseau.capture.jax.lower.emitter`) and hand
 :class:`~clouseau.ir.sink.SavedValue` s to the sink. The arrays of one delivery are the
-values of some slot ids of a :class:`~clouseau.capture.jax.lower.Plan`, in order.
+values of some slot ids of a :class:`~clouseau.capture.jax.plan.Plan`, in order.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from clouseau.capture._common import SinkCall
+from clouseau.capture.jax.plan import Plan, Slot
 from clouseau.ir.sink import SavedValue, Sink
-
-if TYPE_CHECKING:
-    from clouseau.capture.jax.lower import Plan, Slot
-
 
 # Where each value of a callback is in its packed arguments: (argument, offset, shape).
 Layout = tuple[tuple[int, int, tuple[int, ...]], ...]

@@ -1,0 +1,94 @@
+"""The first call with interventions or gradients, run once: what it applies as it runs.
+
+The first call of a signature is the trace's probe run (its shapes, aliasing and
+mutations decide the lowering), and it must be the user's call itself: a second run would
+fire the user's forward hooks and Python side effects twice. With ``intervene`` or
+``grads`` the graph that runs later differs from the traced one, so the probe applies the
+same changes while it runs: which values get which action, and which get a gradient tap,
+is decided on a provisional IR (names do not depend on shapes), and each action is bound
+to its value's real shape when the value is produced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+
+from clouseau.capture.torch.intervene import GradEmit, applier
+from clouseau.capture.torch.naming import spec_of
+from clouseau.ir.actions import Action
+from clouseau.ir.graph import DType, Graph, Ref, TensorSpec
+from clouseau.ir.interventions import (
+    GRAD_SUFFIX,
+    Grads,
+    Intervene,
+    chosen_values,
+    grad_points,
+    point_names,
+)
+from clouseau.ir.selection import SelectLike
+
+# Any tensor spec: which values a pattern picks depends on names and kinds, not shapes.
+PROVISIONAL = TensorSpec((), DType.FLOAT32)
+
+
+@dataclass
+class GradCell:
+    """Where the first call's gradient taps send gradients: set once the call has its
+    number in the sink (backward runs after the forward returns)."""
+
+    emit: GradEmit | None = None
+
+    def __call__(self, names: tuple[str, ...], producer: str, grad: torch.Tensor) -> None:
+        if self.emit is not None:
+            self.emit(names, producer, grad)
+
+
+@dataclass(frozen=True, eq=False)
+class LivePlan:
+    """Per fx node name: the action to apply, the gradient tap to register."""
+
+    actions: Mapping[str, tuple[tuple[str, ...], Action]]
+    taps: Mapping[str, tuple[tuple[str, ...], str]]
+    grads: GradCell = field(default_factory=GradCell)
+
+    def apply(self, key: str, value: Any) -> Any:
+        """``value`` (fx node ``key``'s output) as the lowered graph would hand it on."""
+        found = self.actions.get(key)
+        if found is not None and isinstance(value, torch.Tensor):
+            names, action = found
+            spec = spec_of(value)
+            assert isinstance(spec, TensorSpec)
+            value = applier(action.bind(names, spec))(value)
+        tap = self.taps.get(key)
+        if tap is not None and isinstance(value, torch.Tensor) and value.requires_grad:
+            value.register_hook(partial(_hook, self.grads, *tap))
+        return value
+
+
+def _hook(cell: GradCell, names: tuple[str, ...], producer: str, grad: torch.Tensor) -> None:
+    cell(names, producer, grad)  # returns None: the gradient itself is left unchanged
+
+
+def live_plan(
+    graph: Graph,
+    select: SelectLike,
+    intervene: Intervene | None,
+    grads: Grads,
+) -> LivePlan:
+    """The plan of ``graph`` (the provisional IR: every value :data:`PROVISIONAL`)."""
+    keys = {node.name: node.key for node in graph.nodes}
+    every = point_names(graph)
+    actions = {
+        keys[ref.node]: (every[ref], action)
+        for ref, action in chosen_values(graph, intervene or {}).items()
+    }
+    by_ref: dict[Ref, list[str]] = {}
+    for point in grad_points(graph, select, grads):
+        by_ref.setdefault(point.ref, []).append(point.name + GRAD_SUFFIX)
+    taps = {keys[ref.node]: (tuple(names), ref.node) for ref, names in by_ref.items()}
+    return LivePlan(actions, taps)
