@@ -61,7 +61,7 @@ def resolve(path: str | Path) -> Path:
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
     """Every array of a file or directory, by key, in recorded order (numpy arrays)."""
-    from clouseau.store.reader import is_capture_file
+    from clouseau.store.layout import is_capture_file
 
     if path.is_dir():
         return _read_capture(path, path)

@@ -15,12 +15,12 @@ from clouseau.ir.errors import MissingExtraError
 from clouseau.ir.graph import Graph
 from clouseau.ir.interventions import check_intervene
 from clouseau.ir.selection import SelectLike, check_select
+from clouseau.store.layout import DEFAULT_PATTERN
 
 # Graph, Capture and DiffResult render as the explorer in notebooks, as tables in rich.
 install_reprs()
 
 DEFAULT_PATH = ".clouseau"
-DEFAULT_PATTERN = "activations-{idx:03d}.safetensors"
 
 
 def trace(model: Any, *args: Any, **kwargs: Any) -> Graph:
@@ -90,6 +90,7 @@ def instrument(
     """
     frontend = frontend_for(model)
     # Bad arguments fail before the sink opens: opening it replaces an earlier capture.
+    # The one check of select: the frontend's instrument takes it as checked.
     check_select(select)
     intervene = check_intervene(intervene)
     sink = open_sink(path, max_size_mb, filename_pattern)
@@ -202,10 +203,9 @@ def export_onnx(
     args = example_args if isinstance(example_args, tuple) else (example_args,)
     kwargs = dict(example_kwargs or {})
     frontend = frontend_for(model, args)
-    framework = frontend.__name__.rsplit(".", 1)[-1]
     lowered = frontend.lower(model, args, kwargs, select)
     return export_lowered(
-        lowered, framework, output, model=model, args=args, kwargs=kwargs, **options
+        lowered, frontend.name, output, model=model, args=args, kwargs=kwargs, **options
     )
 
 

@@ -232,7 +232,7 @@ def _cmd_show(args: argparse.Namespace, console: Console) -> int:
         raise ClouseauError(
             f"call {args.call} is not in {args.path}; it holds calls {list(cap.calls)}"
         )
-    where = f", graph {graph.name or '?'} ({graph.frontend.value})" if graph is not None else ""
+    where = f", graph {graph.name or '?'} ({graph.trace_kind.value})" if graph is not None else ""
     console.print(
         f"[bold]{markup(args.path)}[/]: {len(cap)} points, {len(cap.calls)} call(s){markup(where)}"
     )

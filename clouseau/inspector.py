@@ -36,6 +36,7 @@ from typing import Any
 
 from clouseau import _inspector_select as _select
 from clouseau import _inspector_view as _view
+from clouseau.store.layout import DEFAULT_PATTERN
 
 __all__ = [
     "DEFAULT_PATH",
@@ -52,7 +53,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PATH = Path(".clouseau")
 """Where ``tail`` writes when no ``path`` is given (relative to the working directory)."""
-DEFAULT_PATTERN = "activations-{idx:03d}.safetensors"
 
 AnyModel = Any
 NodeTest = Callable[[tuple[str, ...], Any], bool]

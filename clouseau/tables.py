@@ -103,7 +103,7 @@ def summary_table(graph: Graph) -> Any:
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"{graph.name or 'graph'} ({graph.frontend.value})", show_lines=False)
+    table = Table(title=f"{graph.name or 'graph'} ({graph.trace_kind.value})", show_lines=False)
     for column, justify in (("name", "left"), ("type / op", "left"), ("output", "left"),
                             ("params", "right"), ("FLOPs", "right")):  # fmt: skip
         table.add_column(column, justify=justify)  # type: ignore[arg-type]

@@ -35,3 +35,114 @@ def _define_torchvision_nms_schemas() -> None:
 
 _TORCHVISION_LIB = None
 _define_torchvision_nms_schemas()
+
+
+# -- shared by every test directory -------------------------------------------------------
+import os  # noqa: E402
+import threading  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+
+from clouseau.ir.graph import Graph  # noqa: E402
+from clouseau.ir.sink import SavedValue  # noqa: E402
+from clouseau.ir.verify import verify  # noqa: E402
+
+
+@dataclass
+class RecordingSink:
+    """A Sink that keeps everything in lists, for checking what a frontend hands over.
+
+    ``calls[i]`` holds the ``(graph id, SavedValue)`` pairs put into call ``i``;
+    ``status[i]`` is ``"begin"``, ``"end"`` or ``"fail"``. ``fail_put`` makes every put
+    raise, as a full disk would. Host callbacks put from other threads: hence the lock.
+    """
+
+    graphs: list[Graph] = field(default_factory=list)
+    calls: list[list[tuple[int, SavedValue]]] = field(default_factory=list)
+    status: list[str] = field(default_factory=list)
+    errors: list[BaseException] = field(default_factory=list)
+    fail_put: bool = False
+    closed: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add_graph(self, graph: Graph) -> int:
+        verify(graph)
+        with self._lock:
+            self.graphs.append(graph)
+            return len(self.graphs) - 1
+
+    def begin_call(self) -> int:
+        with self._lock:
+            assert not self.closed
+            self.calls.append([])
+            self.status.append("begin")
+            return len(self.calls) - 1
+
+    def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
+        if self.fail_put:
+            raise OSError("disk full")
+        with self._lock:
+            self.calls[call].extend((graph_id, v) for v in values)
+
+    def end_call(self, call: int) -> None:
+        self.status[call] = "end"
+
+    def fail_call(self, call: int, error: BaseException) -> None:
+        self.status[call] = "fail"
+        self.errors.append(error)
+
+    @property
+    def ended(self) -> list[int]:
+        return [i for i, s in enumerate(self.status) if s == "end"]
+
+    @property
+    def failed(self) -> list[int]:
+        return [i for i, s in enumerate(self.status) if s == "fail"]
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def capture(self) -> Any:
+        return self.calls
+
+    def values(self, call: int | None = None) -> dict[str, Any]:
+        """name -> array of one call (by default the last call that saved anything), by
+        every name of each value; iterations of a loop as name -> {index: array}."""
+        if call is None:
+            call = max(i for i, values in enumerate(self.calls) if values)
+        out: dict[str, Any] = {}
+        for _, value in self.calls[call]:
+            for name in value.names:
+                if value.index:
+                    out.setdefault(name, {})[value.index] = value.array
+                else:
+                    out[name] = value.array
+        return out
+
+
+@pytest.fixture
+def sink() -> RecordingSink:
+    return RecordingSink()
+
+
+#: The pinned printed IR of hand-built and real models.
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def check_golden(file: Path, text: str) -> None:
+    """``text`` equals the golden ``file``; ``CLOUSEAU_UPDATE_GOLDEN=1`` rewrites it.
+
+    A missing golden file fails too: a test must never write its own expectation.
+    """
+    if os.environ.get("CLOUSEAU_UPDATE_GOLDEN"):
+        file.write_text(text)
+    assert file.exists(), f"{file} is missing; create it with CLOUSEAU_UPDATE_GOLDEN=1"
+    assert text == file.read_text(), (
+        f"{file} changed; rerun with CLOUSEAU_UPDATE_GOLDEN=1 if intended"
+    )

@@ -3,7 +3,9 @@ modules within the line budget.
 
 ``clouseau/ir`` is the shared core: it imports nothing from the frontends (``capture``), the
 store or the exporters. Frontends and exporters never import each other: an exporter receives
-what a frontend lowered through the public API layer. Only module-level imports count for
+what a frontend lowered through the public API layer. Frontends hand values to a ``Sink``
+(``ir/sink.py``), never to the store itself, and the store knows no frontend. The capture
+directory's names and markers are spelled once, in ``store/layout.py``. Only module-level imports count for
 cycles (an import inside a function is the documented way to defer a framework).
 """
 
@@ -82,7 +84,8 @@ def _in(name: str, package: str) -> bool:
     ("importer", "forbidden"),
     [
         ("clouseau.ir", ("clouseau.capture", "clouseau.store", "clouseau.exporters")),
-        ("clouseau.capture", ("clouseau.exporters",)),
+        ("clouseau.capture", ("clouseau.exporters", "clouseau.store")),
+        ("clouseau.store", ("clouseau.capture", "clouseau.exporters")),
         ("clouseau.exporters", ("clouseau.capture",)),
     ],
 )
@@ -127,6 +130,28 @@ def test_no_module_level_import_cycle() -> None:
         if module not in state:
             visit(module)
     assert not cycles, "\n".join(" -> ".join(cycle) for cycle in cycles)
+
+
+@pytest.mark.parametrize(
+    "literal",
+    [
+        '"clouseau.capture/1"',
+        '"clouseau.graph"',
+        '"clouseau.record/1"',
+        '"status.json"',
+        '"record.json"',
+        '".clouseau.lock"',
+        '"graph-{:03d}.json"',
+        '"activations-{idx:03d}.safetensors"',
+    ],
+)
+def test_each_name_of_the_capture_layout_is_spelled_once(literal: str) -> None:
+    # The format markers and file names live in store/layout.py (the graph's marker in
+    # ir/serialize.py, which the IR owns): a second spelling would drift from the first.
+    found = sorted(m for m, path in MODULES.items() if literal in path.read_text())
+    assert len(found) == 1 and found[0] in ("clouseau.store.layout", "clouseau.ir.serialize"), (
+        f"{literal} is spelled in {found}: import it from clouseau.store.layout"
+    )
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

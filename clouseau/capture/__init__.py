@@ -1,26 +1,65 @@
 """Framework frontends: trace a model into the IR, and lower an instrumented IR back.
 
-Each frontend (``clouseau.capture.torch``, ``clouseau.capture.jax``) exposes
-``trace(model, *args, **kwargs) -> Graph`` and
-``instrument(model, *, select, sink) -> instrumented model``. Frameworks are imported only
-when a frontend is used.
+Each frontend package (``clouseau.capture.torch``, ``clouseau.capture.jax``) has a
+``FRONTEND`` object that is a :class:`Frontend`; :func:`frontend_for` picks the one of a
+model. What the frontends share lives in ``_common.py`` and ``_session.py``. Frameworks
+are imported only when a frontend is used.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
+from clouseau.ir.actions import Action
 from clouseau.ir.errors import MissingExtraError
+from clouseau.ir.graph import Graph
+from clouseau.ir.selection import SelectLike
+from clouseau.ir.sink import Sink
 
 
-def frontend_for(model: Any, args: tuple[Any, ...] = ()) -> ModuleType:
-    """The frontend module that handles ``model`` (called with ``args``)."""
+@runtime_checkable
+class Frontend(Protocol):
+    """What the public API needs of a framework: trace, instrument, lower, and a name."""
+
+    #: The framework: ``"torch"`` or ``"jax"`` (what exporters dispatch on).
+    name: str
+
+    def trace(self, model: Any, *args: Any, **kwargs: Any) -> Graph:
+        """The verified IR graph of ``model(*args, **kwargs)``."""
+        ...
+
+    def instrument(
+        self,
+        model: Any,
+        *,
+        select: SelectLike,
+        sink: Sink,
+        intervene: Mapping[Any, Action] | None,
+        grads: Any,
+    ) -> Any:
+        """``model`` instrumented to hand the ``select``-ed values of every call to ``sink``.
+
+        The caller has checked ``select`` (``ir.selection.check_select``): it is checked
+        once, before the sink opens.
+        """
+        ...
+
+    def lower(
+        self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], select: SelectLike
+    ) -> Any:
+        """The traced, rewritten and lowered model, for an exporter of this framework."""
+        ...
+
+
+def frontend_for(model: Any, args: tuple[Any, ...] = ()) -> Frontend:
+    """The frontend that handles ``model`` (called with ``args``)."""
     if _is_torch(model, args):
-        return _load("torch", "torch")
+        return _load("torch", "torch").FRONTEND  # type: ignore[no-any-return]
     if _is_jax(model, args):
-        return _load("jax", "jax")
+        return _load("jax", "jax").FRONTEND  # type: ignore[no-any-return]
     if not callable(model):
         raise TypeError(
             f"clouseau cannot trace a {type(model).__name__}: pass a torch.nn.Module, a JAX "

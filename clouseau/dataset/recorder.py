@@ -10,26 +10,21 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from clouseau.capture import frontend_for
+from clouseau.capture import Frontend, frontend_for
 from clouseau.dataset.bar import Bar
 from clouseau.dataset.fingerprint import batch_digest, leaves, model_digest
 from clouseau.dataset.layout import BatchRows, FieldSource, Layout, take
-from clouseau.dataset.sink import BatchSink, graph_file
+from clouseau.dataset.sink import BatchSink
 from clouseau.distributed import record_part
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
 from clouseau.ir.selection import SelectLike, check_select
 from clouseau.store.capture import Capture
 from clouseau.store.directory import (
-    DEFAULT_PATTERN,
-    FORMAT,
-    GRAPH_PATTERN,
-    STATUS_FILE,
     capture_path,
     check_clashes,
     check_pattern,
@@ -38,6 +33,7 @@ from clouseau.store.directory import (
     owned,
 )
 from clouseau.store.files import read_json
+from clouseau.store.layout import DEFAULT_PATTERN, FORMAT, STATUS_FILE, graph_file, graph_id
 from clouseau.store.lock import DirectoryLock
 from clouseau.store.progress import (
     RECORD_FILE,
@@ -178,7 +174,7 @@ class _Recorder:
     def __init__(
         self,
         root: Path,
-        frontend: Any,
+        frontend: Frontend,
         model: Any,
         select: SelectLike,
         layout: Layout,
@@ -205,7 +201,7 @@ class _Recorder:
         self.resumed = len(self.done)
         self.nbytes = 0
         self.sink = BatchSink(root, _read_graphs(root) if previous else (), self._write_graph)
-        self.is_jax = frontend.__name__.endswith(".jax")
+        self.is_jax = frontend.name == "jax"
         self.fmodel = frontend.instrument(
             model, select=select, sink=self.sink, intervene=None, grads=False
         )
@@ -370,7 +366,7 @@ class _Recorder:
         write_json_atomic(self.root / STATUS_FILE, {**status, "failed_calls": failed})
 
     def _write_graph(self, graph_id: int, graph: Graph) -> None:
-        write_json_atomic(graph_file(self.root, graph_id), graph.to_json())
+        write_json_atomic(self.root / graph_file(graph_id), graph.to_json())
 
 
 def _default_forward(fmodel: Any, batch: Any) -> Any:
@@ -444,7 +440,7 @@ def _clear(root: Path, keep: set[str], graphs: bool) -> None:
         file, name = Path(entry.path), entry.name
         if name in keep or entry.is_symlink() or not entry.is_file(follow_symlinks=False):
             continue
-        if graphs and (name == RECORD_FILE or re.fullmatch(r"graph-\d+\.json", name)):
+        if graphs and (name == RECORD_FILE or graph_id(name) is not None):
             continue
         if owned(file):
             try:
@@ -455,6 +451,6 @@ def _clear(root: Path, keep: set[str], graphs: bool) -> None:
 
 def _read_graphs(root: Path) -> list[Graph]:
     graphs = []
-    while (file := root / GRAPH_PATTERN.format(len(graphs))).is_file():
+    while (file := root / graph_file(len(graphs))).is_file():
         graphs.append(Graph.from_json(read_json(file)))
     return graphs

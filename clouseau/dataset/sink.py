@@ -21,7 +21,7 @@ from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
 from clouseau.ir.sink import SavedValue
 from clouseau.store.capture import Capture, Record, encode_record, tensor_key
-from clouseau.store.directory import FORMAT, GRAPH_PATTERN
+from clouseau.store.layout import FORMAT
 from clouseau.store.safetensors_io import dtype_code, storable, write_file
 
 # Applied to each saved value as it arrives: (name, array) -> the array to store (the rows
@@ -228,7 +228,3 @@ def write_batches(job: FileJob) -> None:
         job.path, [(r.key, a) for r, a in job.items], {"format": FORMAT, "clouseau": records}
     )
     job.on_written()
-
-
-def graph_file(path: Path, graph_id: int) -> Path:
-    return path / GRAPH_PATTERN.format(graph_id)

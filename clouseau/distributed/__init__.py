@@ -24,8 +24,8 @@ from clouseau.distributed.parts import (
     RecordPart,
 )
 from clouseau.store import open_sink as _open_local_sink
-from clouseau.store.directory import DEFAULT_PATTERN
 from clouseau.store.directory_sink import DirectorySink
+from clouseau.store.layout import DEFAULT_PATTERN
 
 
 def current_group() -> Group | None:

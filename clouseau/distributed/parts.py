@@ -26,9 +26,9 @@ from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
 from clouseau.ir.sink import SavedValue
 from clouseau.store.capture import Capture, Entry
-from clouseau.store.directory import DEFAULT_PATTERN, STATUS_FILE
 from clouseau.store.directory_sink import DirectorySink
 from clouseau.store.files import write_json
+from clouseau.store.layout import DEFAULT_PATTERN, STATUS_FILE
 from clouseau.store.lock import DirectoryLock
 from clouseau.store.progress import Progress, read_progress
 from clouseau.store.reader import load

@@ -21,7 +21,7 @@ from typing import Any
 from clouseau.distributed.parts import MANIFEST, PART_FILE, ForwardingSink, Group, part_name
 from clouseau.ir.errors import CaptureError, MissingExtraError
 from clouseau.store.capture import Capture
-from clouseau.store.directory import STATUS_FILE
+from clouseau.store.layout import STATUS_FILE
 
 _LAST = (PART_FILE, STATUS_FILE, MANIFEST)  # uploaded at close, in this order
 _ATOMIC_PUT = {"s3", "s3a", "gs", "gcs", "az", "abfs", "memory"}

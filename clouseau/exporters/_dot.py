@@ -199,7 +199,7 @@ class _Builder:
     # -- text ---------------------------------------------------------------------------
     def build(self) -> str:
         g, o = self.graph, self.options
-        title = o.title if o.title is not None else f"{g.name or 'graph'} ({g.frontend.value})"
+        title = o.title if o.title is not None else f"{g.name or 'graph'} ({g.trace_kind.value})"
         lines = [
             f"digraph {_quote(g.name or 'graph')} {{",
             f"  graph [rankdir={o.rankdir}, fontname=Helvetica, fontsize=12, labelloc=t, "

@@ -17,9 +17,10 @@ from clouseau.exporters._dot import DotOptions, graph_to_dot
 from clouseau.ir.errors import CaptureError, ClouseauError
 from clouseau.ir.graph import Graph
 from clouseau.ir.selection import SelectLike
+from clouseau.store.layout import graph_file
 
 FORMATS = {".pdf": "pdf", ".svg": "svg", ".png": "png", ".dot": "dot", ".gv": "dot"}
-GRAPH_FILE = "graph-000.json"
+GRAPH_FILE = graph_file(0)
 INSTALL_HINT = (
     "install graphviz: apt-get install graphviz (Debian/Ubuntu), brew install graphviz "
     "(macOS), or conda install -c conda-forge graphviz"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from clouseau.ir.errors import ClouseauError, MissingExtraError
-from clouseau.ir.graph import Graph, NodeKind
+from clouseau.ir.graph import Graph, Node, NodeKind
 
 OPSET = 18
 
@@ -106,9 +106,8 @@ def export_lowered(
     return OnnxExport(path, inputs, tuple(o.name for o in proto.graph.output), points, graph)
 
 
-def _first_name(save: Any) -> str:
-    names = save.attr("names")
-    return str(names[0] if isinstance(names, tuple) else names)
+def _first_name(save: Node) -> str:
+    return save.names[0]
 
 
 def _export_torch(

@@ -11,7 +11,6 @@ from clouseau.ir.errors import (
 )
 from clouseau.ir.graph import (
     DType,
-    Frontend,
     Graph,
     ModuleInfo,
     Node,
@@ -22,6 +21,10 @@ from clouseau.ir.graph import (
     Source,
     Spec,
     TensorSpec,
+    TraceKind,
+)
+from clouseau.ir.graph import (
+    Frontend as Frontend,  # the old name of TraceKind, for code written before the rename
 )
 from clouseau.ir.interventions import Rewritten, insert_grad_saves, insert_interventions, rewrite
 from clouseau.ir.passes import insert_saves, producer_of, strip_saves
@@ -36,7 +39,6 @@ __all__ = [
     "CaptureError",
     "ClouseauError",
     "DType",
-    "Frontend",
     "Graph",
     "MissingExtraError",
     "ModuleInfo",
@@ -54,6 +56,7 @@ __all__ = [
     "Spec",
     "TensorSpec",
     "TraceError",
+    "TraceKind",
     "VerificationError",
     "insert_grad_saves",
     "insert_interventions",

@@ -140,12 +140,21 @@ VARIES = "varies"
 INSTRUMENTATION = frozenset({NodeKind.SAVE, NodeKind.INTERVENE, NodeKind.SAVE_GRAD})
 
 
-class Frontend(enum.Enum):
+class TraceKind(enum.Enum):
+    """How a graph was traced: which tracer of which framework produced it.
+
+    The values are the strings stored in graph files; they never change.
+    """
+
     TORCH_FX = "torch.fx"
     TORCH_EXPORT = "torch.export"
     TORCH_DYNAMO = "torch.dynamo"  # one graph per region between Dynamo's graph breaks
     TORCH_HOOKS = "torch.hooks"  # module outputs through forward hooks: the last resort
     JAX = "jax"
+
+
+#: The name :class:`TraceKind` had before it said what it is; kept for code written then.
+Frontend = TraceKind
 
 
 @dataclass(frozen=True)
@@ -211,6 +220,13 @@ class Node:
                 return v
         return default
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The point names a save, intervene or save_grad node stands for (its ``names``
+        attribute); ``()`` on any other node."""
+        names = self.attr("names")
+        return tuple(str(n) for n in names) if isinstance(names, tuple) else ()
+
     def output_name(self, index: int) -> str:
         """Point name of output ``index``: the node name, with ``:i`` on multi-output nodes."""
         return self.name if len(self.outputs) == 1 else f"{self.name}:{index}"
@@ -263,9 +279,14 @@ class Graph:
 
     nodes: tuple[Node, ...]
     name: str = ""
-    frontend: Frontend = Frontend.TORCH_FX
+    trace_kind: TraceKind = TraceKind.TORCH_FX
     modules: tuple[ModuleInfo, ...] = ()
     meta: tuple[tuple[str, AttrValue], ...] = field(default=())
+
+    @property
+    def frontend(self) -> TraceKind:
+        """The old name of :attr:`trace_kind`, kept for code written before the rename."""
+        return self.trace_kind
 
     @cached_property
     def _by_name(self) -> dict[str, Node]:

@@ -73,8 +73,8 @@ def point_rows(graph: Graph) -> dict[str, dict[str, Any]]:
     The rows of :func:`clouseau.tables.points_frame`; keys as its columns.
     """
     intervened = {n.inputs[0]: str(n.attr("action")) for n in graph.interventions}
-    saved = {str(name) for s in graph.saves for name in s.attr("names")}  # type: ignore[union-attr]
-    grads = {str(name) for s in graph.grad_saves for name in s.attr("names")}  # type: ignore[union-attr]
+    saved = {name for s in graph.saves for name in s.names}
+    grads = {name for s in graph.grad_saves for name in s.names}
     factors = loop_factor(graph)
     rows: dict[str, dict[str, Any]] = {}
     for point in graph.points:

@@ -19,7 +19,7 @@ from clouseau.ir.graph import AttrValue, Graph, Node, NodeKind
 
 
 def format_graph(graph: Graph, *, indent: str = "", sources: bool = True) -> str:
-    head = f"{indent}graph {graph.name or '<anonymous>'} ({graph.frontend.value}) {{"
+    head = f"{indent}graph {graph.name or '<anonymous>'} ({graph.trace_kind.value}) {{"
     lines = [head]
     for node in graph.nodes:
         lines.append(f"{indent}  {format_node(node, sources=sources)}")

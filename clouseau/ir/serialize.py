@@ -8,7 +8,6 @@ from clouseau.ir.errors import VerificationError
 from clouseau.ir.graph import (
     AttrValue,
     DType,
-    Frontend,
     Graph,
     ModuleInfo,
     Node,
@@ -18,17 +17,20 @@ from clouseau.ir.graph import (
     Source,
     Spec,
     TensorSpec,
+    TraceKind,
 )
 
+#: The format marker of a graph file (store/layout.py recognises files by it).
+GRAPH_FORMAT = "clouseau.graph"
 FORMAT_VERSION = 1
 
 
 def graph_to_json(graph: Graph) -> dict[str, Any]:
     return {
-        "format": "clouseau.graph",
+        "format": GRAPH_FORMAT,
         "version": FORMAT_VERSION,
         "name": graph.name,
-        "frontend": graph.frontend.value,
+        "frontend": graph.trace_kind.value,
         "modules": [[m.path, m.type, m.params] for m in graph.modules],
         "meta": [[k, _attr_out(v)] for k, v in graph.meta],
         "nodes": [_node_out(n) for n in graph.nodes],
@@ -36,7 +38,7 @@ def graph_to_json(graph: Graph) -> dict[str, Any]:
 
 
 def graph_from_json(data: dict[str, Any]) -> Graph:
-    if data.get("format") != "clouseau.graph":
+    if data.get("format") != GRAPH_FORMAT:
         raise VerificationError("not a clouseau graph: the 'format' field is missing or wrong")
     if data.get("version") != FORMAT_VERSION:
         raise VerificationError(
@@ -45,7 +47,7 @@ def graph_from_json(data: dict[str, Any]) -> Graph:
     return Graph(
         nodes=tuple(_node_in(n) for n in data["nodes"]),
         name=data["name"],
-        frontend=Frontend(data["frontend"]),
+        trace_kind=TraceKind(data["frontend"]),
         modules=tuple(ModuleInfo(p, t, int(c)) for p, t, c in data["modules"]),
         meta=tuple((k, _attr_in(v)) for k, v in data["meta"]),
     )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 from clouseau.store.capture import AmbiguousPointError, Capture, Record
-from clouseau.store.directory_sink import DEFAULT_PATTERN, DirectorySink
+from clouseau.store.directory_sink import DirectorySink
+from clouseau.store.layout import DEFAULT_PATTERN
 from clouseau.store.memory import MemorySink
 from clouseau.store.reader import DamagedCaptureWarning, load
 

@@ -12,29 +12,22 @@ import functools
 import math
 import numbers
 import os
-import re
 from pathlib import Path
 
 from clouseau.ir.errors import CaptureError
 from clouseau.store.files import read_head, read_json
-
-STATUS_FILE = "status.json"
-GRAPH_PATTERN = "graph-{:03d}.json"
-GRAPH_NAME = re.compile(r"graph-(\d+)\.json")
-FORMAT = "clouseau.capture/1"
-GRAPH_FORMAT = "clouseau.graph"
-DEFAULT_PATTERN = "activations-{idx:03d}.safetensors"
-_NAME_MAX = 255  # bytes in one file name on every common file system
-# The temporary files of files.temp_file: a hidden name, 8 random characters, .tmp.
-_TEMP = re.compile(r"\..+\.(?:safetensors|json|clouseau-probe)\.[a-z0-9_]{8}\.tmp")
-_HEAD = 4096  # clouseau's own files state their format in their first bytes
-# The format marker of each kind of file clouseau writes, as it appears in the file.
-RECORD_FILE = "record.json"  # clouseau.record's progress record
-RECORD_FORMAT = "clouseau.record/1"
-_MARKERS = tuple(
-    marker.encode()
-    for marker in (f'"{FORMAT}"', f'"format": "{GRAPH_FORMAT}"', f'"format": "{RECORD_FORMAT}"')
+from clouseau.store.layout import (
+    DEFAULT_PATTERN,
+    FORMAT,
+    HEAD_BYTES,
+    MARKERS,
+    STATUS_FILE,
+    is_exact_temp_name,
+    is_named_like_ours,
+    is_temp_name,
 )
+
+_NAME_MAX = 255  # bytes in one file name on every common file system
 
 
 def capture_path(path: str | os.PathLike[str]) -> Path:
@@ -137,22 +130,10 @@ def file_name(pattern: str, idx: int) -> str:
 def owned(file: Path) -> bool:
     """Whether ``file`` is a regular file whose first bytes hold clouseau's format marker
     (or an empty temporary file under the exact name a clouseau writer gives them)."""
-    head = read_head(file, _HEAD)
-    if not head and _TEMP.fullmatch(file.name):
+    head = read_head(file, HEAD_BYTES)
+    if not head and is_exact_temp_name(file.name):
         return file.is_file() and not file.is_symlink()
-    return any(marker in head for marker in _MARKERS)
-
-
-def graph_id(name: str) -> int | None:
-    """The id of ``name`` if it is exactly a graph file name clouseau writes, else None."""
-    match = GRAPH_NAME.fullmatch(name)
-    if match is None or GRAPH_PATTERN.format(int(match.group(1))) != name:
-        return None
-    return int(match.group(1))
-
-
-def _ours_by_name(name: str) -> bool:
-    return name in (STATUS_FILE, RECORD_FILE) or graph_id(name) is not None
+    return any(marker in head for marker in MARKERS)
 
 
 def check_clashes(path: Path, mine: frozenset[str]) -> None:
@@ -162,7 +143,7 @@ def check_clashes(path: Path, mine: frozenset[str]) -> None:
         return
     for entry in os.scandir(path):
         name = entry.name
-        if not (_ours_by_name(name) or name in mine):
+        if not (is_named_like_ours(name) or name in mine):
             continue
         if (
             entry.is_symlink()
@@ -185,11 +166,7 @@ def remove_previous(path: Path) -> None:
     """
     for entry in os.scandir(path):
         name = entry.name
-        candidate = (
-            _ours_by_name(name)
-            or name.endswith(".safetensors")
-            or (name.startswith(".") and name.endswith(".tmp"))
-        )
+        candidate = is_named_like_ours(name) or name.endswith(".safetensors") or is_temp_name(name)
         if not candidate or entry.is_symlink() or not entry.is_file(follow_symlinks=False):
             continue
         if not owned(Path(entry.path)):

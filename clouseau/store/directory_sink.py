@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from clouseau.ir.graph import Graph
 from clouseau.ir.sink import SavedValue
 from clouseau.store.capture import Capture
-from clouseau.store.directory import DEFAULT_PATTERN, capture_path, check_pattern, max_bytes
+from clouseau.store.directory import capture_path, check_pattern, max_bytes
+from clouseau.store.layout import DEFAULT_PATTERN
 from clouseau.store.writer import FLUSH_S, Core
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from clouseau.ir.errors import CaptureError
+from clouseau.store.layout import TEMP_SUFFIX, temp_prefix
 
 MAX_JSON_BYTES = 256 * 2**20  # far above the IR of any real model; /dev/zero stops here
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -108,7 +109,7 @@ def temp_file(directory: Path, name: str) -> tuple[int, Path]:
     The name is unpredictable and the file created exclusively without following links, so
     no file planted in the directory is ever opened for writing.
     """
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(name), suffix=TEMP_SUFFIX, dir=directory)
     return fd, Path(tmp)
 
 

@@ -11,8 +11,8 @@ import numpy as np
 
 from clouseau.ir.errors import CaptureError
 from clouseau.store.capture import Record
-from clouseau.store.directory import FORMAT
 from clouseau.store.files import temp_file
+from clouseau.store.layout import FORMAT, PROBE_NAME
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def metadata(records: str, open_calls: Sequence[int], done: Sequence[int]) -> di
 def probe(path: Path) -> None:
     """CaptureError unless a file can be created in ``path``."""
     try:
-        fd, file = temp_file(path, "clouseau-probe")
+        fd, file = temp_file(path, PROBE_NAME)
         os.close(fd)
         file.unlink()
     except OSError as err:

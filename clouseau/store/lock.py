@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 
 from clouseau.ir.errors import CaptureError
-
-LOCK_FILE = ".clouseau.lock"
+from clouseau.store.layout import LOCK_FILE
 
 try:
     import fcntl

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from clouseau.ir.errors import CaptureError
-from clouseau.ir.graph import Graph, NodeKind, TensorSpec
+from clouseau.ir.graph import Graph, Node, NodeKind, TensorSpec
 from clouseau.ir.sink import SavedValue
 from clouseau.store.capture import Capture, Entry, Record, tensor_key
 from clouseau.store.safetensors_io import TO_NUMPY, dtype_code, storable
@@ -65,12 +65,11 @@ def check_saved_dtypes(graph: Graph) -> None:
     for node in _saves(graph):
         spec = node.inputs and _spec_of(graph, node)
         if isinstance(spec, TensorSpec) and spec.dtype.value not in _STORABLE:
-            names = node.attr("names")
-            name = names[0] if isinstance(names, tuple) and names else node.name
-            _refuse_dtype(str(name), np.dtype(spec.dtype.value))
+            name = node.names[0] if node.names else node.name
+            _refuse_dtype(name, np.dtype(spec.dtype.value))
 
 
-def _saves(graph: Graph) -> Iterator[Graph | object]:
+def _saves(graph: Graph) -> Iterator[Node]:
     for node in graph.nodes:
         if node.kind in (NodeKind.SAVE, NodeKind.SAVE_GRAD):
             yield node
@@ -78,8 +77,8 @@ def _saves(graph: Graph) -> Iterator[Graph | object]:
             yield from _saves(sub)
 
 
-def _spec_of(graph: Graph, save: object) -> object:
-    ref = save.inputs[0]  # type: ignore[attr-defined]
+def _spec_of(graph: Graph, save: Node) -> object:
+    ref = save.inputs[0]
     found = _find(graph, ref.node)
     if found is None or ref.index >= len(found.outputs):
         return None

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from clouseau.ir.errors import CaptureError
-from clouseau.store.directory import RECORD_FILE, RECORD_FORMAT
 from clouseau.store.files import read_json, write_json
+from clouseau.store.layout import RECORD_FILE, RECORD_FORMAT
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,10 @@ from clouseau.ir.errors import CaptureError, ClouseauError
 from clouseau.ir.graph import Graph
 from clouseau.ir.verify import verify
 from clouseau.store.capture import Capture, Entry, Record
-from clouseau.store.directory import FORMAT, GRAPH_PATTERN, STATUS_FILE, graph_id, read_status
+from clouseau.store.directory import read_status
 from clouseau.store.files import read_json
 from clouseau.store.graphcheck import check_types
+from clouseau.store.layout import FORMAT, STATUS_FILE, graph_file, graph_id
 from clouseau.store.safetensors_io import TensorEntry, read_array, read_header
 
 # What parsing damaged JSON into the IR may raise; each becomes a CaptureError.
@@ -95,20 +96,6 @@ def load(path: str | os.PathLike[str], *, strict: bool = False) -> Capture:
             stacklevel=2,
         )
     return scan.capture()
-
-
-def is_capture_file(file: Path, *, strict: bool = False) -> bool:
-    """Whether ``file`` is a safetensors file written by clouseau.
-
-    With ``strict``, a damaged file raises CaptureError instead of answering False.
-    """
-    try:
-        metadata, _ = read_header(file)
-    except ClouseauError:
-        if strict:
-            raise
-        return False
-    return metadata.get("format") == FORMAT
 
 
 @dataclass(frozen=True)
@@ -217,7 +204,7 @@ class _Scan:
         out = []
         for number in range(len(self.graphs)):
             if number not in self.graphs:
-                name = GRAPH_PATTERN.format(number)
+                name = graph_file(number)
                 self.damaged.setdefault(name, "missing: later graphs exist")
                 break
             out.append(self.graphs[number])
@@ -309,7 +296,7 @@ def _records(file: Path, metadata: dict[str, str]) -> list[Record]:
 def graph_of(path: Path) -> Graph:
     """The graph to draw for a capture directory (its first graph) or a graph JSON file."""
     if path.is_dir():
-        file = path / GRAPH_PATTERN.format(0)
+        file = path / graph_file(0)
         if not os.path.lexists(file):
             raise CaptureError(
                 f"{path} holds no {file.name}: it is not a clouseau capture directory (or the "

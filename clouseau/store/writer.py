@@ -33,24 +33,15 @@ from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
 from clouseau.ir.sink import SavedValue
 from clouseau.store.capture import Record, encode_record
-from clouseau.store.directory import (
-    DEFAULT_PATTERN,
-    FORMAT,
-    GRAPH_PATTERN,
-    STATUS_FILE,
-    check_clashes,
-    file_name,
-    read_status,
-    remove_previous,
-)
+from clouseau.store.directory import check_clashes, file_name, read_status, remove_previous
 from clouseau.store.files import write_json
 from clouseau.store.jobs import Item, Job, metadata, probe, span
+from clouseau.store.layout import DEFAULT_PATTERN, FORMAT, STATUS_FILE, graph_file
 from clouseau.store.lock import DirectoryLock
-from clouseau.store.memory import Calls, MemorySink, check_saved_dtypes, describe
+from clouseau.store.memory import Calls, check_saved_dtypes, describe
 from clouseau.store.safetensors_io import entry_cost, header_overhead, write_file
 
-__all__ = ["DEFAULT_PATTERN", "FLUSH_S", "FORMAT", "GRAPH_PATTERN", "STATUS_FILE"]
-__all__ += ["Core", "MemorySink"]
+__all__ = ["FLUSH_S", "Core"]
 
 FLUSH_S = 2.0  # the default bound, in seconds, on what a crash can lose
 
@@ -116,7 +107,7 @@ class Core:
             self._start()
             graph_id = len(self._calls.graphs)
             # The file first: a graph id is handed out only once its file is written.
-            file = self.path / GRAPH_PATTERN.format(graph_id)
+            file = self.path / graph_file(graph_id)
             try:
                 write_json(file, graph.to_json(), replace=False)
             except FileExistsError:

@@ -39,16 +39,13 @@ def token_batches(samples: int, batch: int, seed: int = 0) -> list[dict[str, tor
     return out
 
 
-class MLP(torch.nn.Module):
-    def __init__(self, d: int = 8) -> None:
-        super().__init__()
-        torch.manual_seed(1)
-        self.fc1 = torch.nn.Linear(d, 16)
-        self.act = torch.nn.ReLU()
-        self.fc2 = torch.nn.Linear(16, 4)
+def seeded_mlp() -> torch.nn.Module:
+    """tests/torch/models.py's MLP, with the same weights every time it is built (a resumed
+    run must meet the model it started with)."""
+    from tests.torch.models import MLP
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+    torch.manual_seed(1)
+    return MLP()
 
 
 def vectors(batches: int, batch: int = 6, d: int = 8, seed: int = 0) -> list[torch.Tensor]:

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 import clouseau  # noqa: E402
 from clouseau.dataset.bar import Bar  # noqa: E402
-from tests.dataset.models import MLP, vectors  # noqa: E402
+from tests.dataset.models import seeded_mlp, vectors  # noqa: E402
 
 
 class Tokens(torch.nn.Module):
@@ -120,7 +120,7 @@ def test_lazy_array_indexes_like_the_concatenation(tokens):
 
 def test_array_refuses_rows_of_changing_shape(tmp_path):
     data = [torch.randn(2, s, 8) for s in (3, 4)]
-    cap = clouseau.record(MLP(), data, select="fc1", path=tmp_path / "cap", progress=False)
+    cap = clouseau.record(seeded_mlp(), data, select="fc1", path=tmp_path / "cap", progress=False)
     assert [a.shape for a in cap.all_calls("fc1")] == [(2, 3, 16), (2, 4, 16)]
     with pytest.raises(clouseau.CaptureError, match="change shape between calls"):
         cap.array("fc1")
@@ -180,7 +180,7 @@ def test_hugging_face_dataset_through_a_collating_loader(tmp_path):
 
 
 def test_progress_line_only_on_a_terminal(tmp_path, capsys):
-    clouseau.record(MLP(), vectors(3), select="fc1", path=tmp_path / "a")
+    clouseau.record(seeded_mlp(), vectors(3), select="fc1", path=tmp_path / "a")
     assert capsys.readouterr().err == ""  # pytest's stderr is not a TTY
 
     class Terminal(io.StringIO):
@@ -199,14 +199,14 @@ def test_progress_line_only_on_a_terminal(tmp_path, capsys):
 
 def test_bad_arguments_name_the_fix(tmp_path):
     with pytest.raises(ValueError, match="on_error must be"):
-        clouseau.record(MLP(), vectors(1), path=tmp_path / "a", on_error="ignore")
+        clouseau.record(seeded_mlp(), vectors(1), path=tmp_path / "a", on_error="ignore")
     with pytest.raises(ValueError, match="needs rows=True"):
-        clouseau.record(MLP(), vectors(1), path=tmp_path / "a", mask="mask")
+        clouseau.record(seeded_mlp(), vectors(1), path=tmp_path / "a", mask="mask")
     batches = [{"x": x, "m": torch.ones(6, 3)} for x in vectors(1)]
     with pytest.raises(ValueError, match="leaving it out of rows="):
         clouseau.record(
-            MLP(), batches, select="fc1", path=tmp_path / "a", rows=True, mask="m",
+            seeded_mlp(), batches, select="fc1", path=tmp_path / "a", rows=True, mask="m",
             forward=lambda fmodel, b: fmodel(b["x"]),
         )  # fmt: skip
     with pytest.raises(KeyError, match="no statistics"):
-        clouseau.record(MLP(), vectors(1), select="fc1", path=tmp_path / "a").stats("fc1")
+        clouseau.record(seeded_mlp(), vectors(1), select="fc1", path=tmp_path / "a").stats("fc1")

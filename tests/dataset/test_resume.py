@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 
 import clouseau  # noqa: E402
 from clouseau.dataset import sink as sink_module  # noqa: E402
-from tests.dataset.models import MLP, vectors  # noqa: E402
+from tests.dataset.models import seeded_mlp, vectors  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SELECT = ["fc1", "act"]
@@ -29,7 +29,7 @@ SIZE = 0.0015  # MB: a file every two or three batches
 
 def _record(path, data, **kwargs):
     options = {"select": SELECT, "path": path, "progress": False, "max_size_mb": SIZE}
-    return clouseau.record(MLP(), data, **{**options, "stats": True, **kwargs})
+    return clouseau.record(seeded_mlp(), data, **{**options, "stats": True, **kwargs})
 
 
 def assert_same(a, b):
@@ -52,7 +52,7 @@ def assert_same(a, b):
 def reference(tmp_path_factory):
     data = vectors(40)
     cap = _record(tmp_path_factory.mktemp("ref") / "cap", data)
-    model, seen = MLP(), []
+    model, seen = seeded_mlp(), []
     model.fc1.register_forward_hook(lambda m, a, o: seen.append(o.detach().numpy()))
     with torch.no_grad():
         for x in data:
@@ -66,7 +66,7 @@ CHILD = textwrap.dedent(
     """
     import sys, time
     import clouseau
-    from tests.dataset.models import MLP, vectors
+    from tests.dataset.models import seeded_mlp, vectors
 
     class Slow:
         def __len__(self):
@@ -76,7 +76,7 @@ CHILD = textwrap.dedent(
                 time.sleep(0.15)
                 yield x
 
-    clouseau.record(MLP(), Slow(), select=["fc1", "act"], path=sys.argv[1], stats=True,
+    clouseau.record(seeded_mlp(), Slow(), select=["fc1", "act"], path=sys.argv[1], stats=True,
                     progress=False, max_size_mb=0.0015)
     """
 )
@@ -86,7 +86,7 @@ TRACE_RUNS = 0  # the first call is the trace's own run: the model runs once per
 
 
 def _runs(path, data) -> int:
-    model, calls = MLP(), []
+    model, calls = seeded_mlp(), []
     model.fc1.register_forward_pre_hook(lambda m, a: calls.append(1))
     clouseau.record(model, data, select=SELECT, path=path, progress=False)
     return len(calls)
@@ -124,7 +124,7 @@ def test_kill_9_then_resume_equals_uninterrupted(tmp_path, reference):
     done = len(json.loads((path / "record.json").read_text())["batches"])
     assert 0 < done < 40
     assert _runs(tmp_path / "one", vectors(1)) == 1 + TRACE_RUNS
-    model, calls = MLP(), []
+    model, calls = seeded_mlp(), []
     model.fc1.register_forward_pre_hook(lambda m, a: calls.append(1))
     cap = clouseau.record(
         model, Counted(), select=SELECT, path=path, resume=True, stats=True, progress=False,
@@ -205,7 +205,7 @@ def test_a_changed_run_is_refused(tmp_path, reference):
     path = tmp_path / "cap"
     with pytest.raises(RuntimeError):
         _record(path, _failing(10, RuntimeError("stop")))
-    other = MLP()
+    other = seeded_mlp()
     with torch.no_grad():
         other.fc2.weight.add_(1.0)
     with pytest.raises(clouseau.CaptureError, match="the model"):

@@ -10,11 +10,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import clouseau  # noqa: E402
-from tests.dataset.models import MLP, vectors  # noqa: E402
+from tests.dataset.models import seeded_mlp, vectors  # noqa: E402
 
 
 def test_record_refuses_a_directory_another_writer_holds(tmp_path) -> None:
-    model, data = MLP().eval(), vectors(3)
+    model, data = seeded_mlp().eval(), vectors(3)
     with clouseau.instrument(model, select="*", path=tmp_path) as fmodel:
         fmodel(data[0])
         with pytest.raises(clouseau.CaptureError, match="another instrumented model"):
@@ -24,7 +24,7 @@ def test_record_refuses_a_directory_another_writer_holds(tmp_path) -> None:
 
 
 def test_record_leaves_the_users_files_alone(tmp_path) -> None:
-    model, data = MLP().eval(), vectors(3)
+    model, data = seeded_mlp().eval(), vectors(3)
     notes = tmp_path / "notes.json"
     notes.write_text(json.dumps({"mine": True}))
     cap = clouseau.record(model, data, select="*", path=tmp_path, progress=False)
@@ -34,7 +34,7 @@ def test_record_leaves_the_users_files_alone(tmp_path) -> None:
 
 
 def test_record_refuses_a_clash_with_a_foreign_file(tmp_path) -> None:
-    model, data = MLP().eval(), vectors(3)
+    model, data = seeded_mlp().eval(), vectors(3)
     foreign = tmp_path / "activations-000.safetensors"
     foreign.write_bytes(b"not clouseau's")
     with pytest.raises(clouseau.CaptureError, match="is in the way"):
@@ -43,7 +43,7 @@ def test_record_refuses_a_clash_with_a_foreign_file(tmp_path) -> None:
 
 
 def test_record_values_equal_eager(tmp_path) -> None:
-    model, data = MLP().eval(), vectors(3)
+    model, data = seeded_mlp().eval(), vectors(3)
     cap = clouseau.record(model, data, select="*", path=tmp_path, progress=False)
     with torch.no_grad():
         for call, batch in zip(cap.calls, data, strict=True):

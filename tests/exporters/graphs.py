@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 from clouseau.ir import DType, Graph, ModuleInfo, Node, NodeKind, Ref, TensorSpec
-
-
-def f32(*shape: int) -> TensorSpec:
-    return TensorSpec(shape, DType.FLOAT32)
+from tests.ir.graphs import f32
 
 
 class _Nodes:

@@ -5,7 +5,6 @@ Regenerate the golden files with ``CLOUSEAU_UPDATE_GOLDEN=1 pytest tests/exporte
 
 from __future__ import annotations
 
-import os
 import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 import clouseau
 from clouseau.exporters.graphviz import GraphvizNotFoundError, draw, to_dot
 from clouseau.ir import SelectionError, insert_saves, verify
+from tests.conftest import check_golden
 from tests.exporters.graphs import resnet_graph, transformer_graph
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -22,21 +22,12 @@ HAS_DOT = shutil.which("dot") is not None
 needs_dot = pytest.mark.skipif(not HAS_DOT, reason="graphviz 'dot' is not installed")
 
 
-def check_golden(name: str, text: str) -> None:
-    file = GOLDEN / name
-    if os.environ.get("CLOUSEAU_UPDATE_GOLDEN") or not file.exists():
-        file.write_text(text)
-    assert text == file.read_text(), (
-        f"{file} changed; rerun with CLOUSEAU_UPDATE_GOLDEN=1 if intended"
-    )
-
-
 def saved_resnet() -> clouseau.Graph:
     return verify(insert_saves(resnet_graph(), ["relu*", "layer2.0"]))
 
 
 def test_golden_hand_built_resnet() -> None:
-    check_golden("resnet_ir.dot", to_dot(saved_resnet()))
+    check_golden(GOLDEN / "resnet_ir.dot", to_dot(saved_resnet()))
 
 
 def test_dot_has_clusters_highlights_and_shapes() -> None:
@@ -155,7 +146,7 @@ def test_golden_torch_resnet(tmp_path: Path) -> None:
     fmodel = clouseau.instrument(model, select=["relu*", "layer2.0"], path=tmp_path / "cap")
     graph = fmodel.trace(torch.randn(2, 3, 16, 16))
     text = to_dot(graph)
-    check_golden("resnet_torch.dot", text)
+    check_golden(GOLDEN / "resnet_torch.dot", text)
     assert "<B>layer1.0</B> (BasicBlock)" in text and "saved" in text
     # The same picture from the instrumented model, and from the capture directory alone.
     with fmodel:

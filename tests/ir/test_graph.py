@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from clouseau.ir import Graph, NodeKind, Ref, VerificationError, insert_saves, strip_saves, verify
-from clouseau.ir.graph import Node
+from clouseau.ir.graph import Node, TraceKind
+from tests.conftest import GOLDEN, check_golden
 
 from .graphs import block_graph
-
-GOLDEN = Path(__file__).parent.parent / "golden"
-
-
-def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("CLOUSEAU_UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert text == path.read_text(), (
-        f"{name} changed; rerun with CLOUSEAU_UPDATE_GOLDEN=1 if intended"
-    )
 
 
 def test_points_follow_execution_order_and_skip_non_tensors():
@@ -38,7 +26,7 @@ def test_points_follow_execution_order_and_skip_non_tensors():
 
 def test_printer_golden():
     g = insert_saves(block_graph(), "relu*")
-    check_golden("block_graph.txt", str(verify(g)) + "\n")
+    check_golden(GOLDEN / "block_graph.txt", str(verify(g)) + "\n")
 
 
 def test_json_round_trip_preserves_the_graph():
@@ -117,3 +105,21 @@ def test_verifier_checks_subgraphs():
 def test_graph_node_lookup_names_close_matches():
     with pytest.raises(KeyError, match=r"layer1\.0\.relu"):
         block_graph().node("layer1.0.rleu")
+
+
+@pytest.mark.parametrize("kind", list(TraceKind))
+def test_graph_files_store_how_the_graph_was_traced_under_the_same_key(kind: TraceKind):
+    g = replace(block_graph(), trace_kind=kind)
+    data = json.loads(json.dumps(g.to_json()))
+    # Files written before TraceKind had its name keep loading: same key, same strings.
+    assert data["frontend"] == kind.value
+    assert Graph.from_json(data).trace_kind is kind
+    assert g.frontend is kind  # the old attribute name still answers
+
+
+def test_node_names_are_the_names_of_a_save():
+    g = insert_saves(block_graph(), ["layer1.0.relu_1", "layer1.0", "fc"])
+    by_names = {save.names for save in g.saves}
+    assert by_names == {("layer1.0.relu_1", "layer1.0"), ("fc",)}
+    assert all(save.names == save.attr("names") for save in g.saves)
+    assert g.node("fc").names == ()

@@ -12,7 +12,7 @@ import pytest
 
 from clouseau.capture import jax as cj
 from clouseau.ir.errors import SelectionError, TraceError
-from clouseau.ir.graph import DType, Frontend, NodeKind, TensorSpec
+from clouseau.ir.graph import DType, NodeKind, TensorSpec, TraceKind
 from clouseau.ir.passes import insert_saves
 from clouseau.ir.verify import verify
 from tests.jax.models import CNN, MLP, Block, scan_mlp, scan_params
@@ -29,7 +29,7 @@ def test_mlp_names_modules_and_specs() -> None:
     model = MLP((4, 8, 8, 3), key=KEY)
     graph = cj.trace(model, jnp.zeros(4))
     verify(graph)
-    assert graph.frontend is Frontend.JAX
+    assert graph.trace_kind is TraceKind.JAX
     names = graph.names()
     for name in (
         "x",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clouseau.ir.graph import Frontend
+from clouseau.ir.graph import TraceKind
 from tests.models.helpers import check_model
 
 timm = pytest.importorskip("timm")
@@ -20,22 +20,22 @@ OPTIONS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("name", "size", "frontend"),
+    ("name", "size", "trace_kind"),
     [
         # 76 Identity and 18 DropPath outputs the export path used to miss
-        ("mobilevitv2_050", 64, Frontend.TORCH_EXPORT),
-        ("resnet10t", 32, Frontend.TORCH_FX),
+        ("mobilevitv2_050", 64, TraceKind.TORCH_EXPORT),
+        ("resnet10t", 32, TraceKind.TORCH_FX),
         # windowed attention with relative position bias, shifted windows (torch.roll)
-        ("swin_tiny_patch4_window7_224", 56, Frontend.TORCH_FX),
+        ("swin_tiny_patch4_window7_224", 56, TraceKind.TORCH_FX),
     ],
 )
 def test_every_module_output_equals_a_forward_hook(
-    name: str, size: int, frontend: Frontend
+    name: str, size: int, trace_kind: TraceKind
 ) -> None:
     torch.manual_seed(0)
     model = timm.create_model(name, pretrained=False, **OPTIONS.get(name, {})).eval()
     graph = check_model(model, torch.randn(1, 3, size, size))
-    assert graph.frontend is frontend
+    assert graph.trace_kind is trace_kind
     if name == "mobilevitv2_050":
         assert (
             "stages.0.0.attn" in graph.names()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import clouseau
-from clouseau.ir.graph import Frontend
+from clouseau.ir.graph import TraceKind
 from tests.models.helpers import assert_equal, check_model, tensors_of
 
 transformers = pytest.importorskip("transformers")
@@ -102,7 +102,7 @@ def test_every_module_output_equals_a_forward_hook(name: str) -> None:
     transformers.logging.set_verbosity_error()
     model, args, kwargs = MODELS[name]()
     graph = check_model(model.eval(), *args, **kwargs)
-    assert graph.frontend in (Frontend.TORCH_FX, Frontend.TORCH_EXPORT)
+    assert graph.trace_kind in (TraceKind.TORCH_FX, TraceKind.TORCH_EXPORT)
 
 
 def test_gpt2_names_each_layer_norm_by_its_own_path() -> None:

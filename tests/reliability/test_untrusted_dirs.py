@@ -22,7 +22,7 @@ import clouseau
 from clouseau import cli
 from clouseau.ir.errors import CaptureError
 from clouseau.store import Capture, DamagedCaptureWarning, DirectorySink, load
-from clouseau.store.directory import FORMAT
+from clouseau.store.layout import FORMAT
 from tests.store.util import capture_files, put_calls, same, small_graph, value
 
 

@@ -1,69 +1,14 @@
-"""Shared helpers of the torch frontend tests: a recording sink and eager references."""
+"""Shared helpers of the torch frontend tests: eager references (the recording sink is
+tests/conftest.py's)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-
-from clouseau.ir.graph import Graph
-from clouseau.ir.sink import SavedValue
-from clouseau.ir.verify import verify
-
-
-@dataclass
-class FakeSink:
-    """A Sink that keeps everything in lists, for checking what the frontend hands over."""
-
-    graphs: list[Graph] = field(default_factory=list)
-    calls: list[str] = field(default_factory=list)  # "begin", "end", "fail" per call
-    values: dict[int, list[tuple[int, SavedValue]]] = field(default_factory=dict)
-    errors: list[BaseException] = field(default_factory=list)
-    fail_put: bool = False
-
-    def add_graph(self, graph: Graph) -> int:
-        verify(graph)
-        self.graphs.append(graph)
-        return len(self.graphs) - 1
-
-    def begin_call(self) -> int:
-        self.calls.append("begin")
-        return len(self.calls) - 1
-
-    def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
-        if self.fail_put:
-            raise OSError("disk full")
-        self.values.setdefault(call, []).extend((graph_id, v) for v in values)
-
-    def end_call(self, call: int) -> None:
-        self.calls[call] = "end"
-
-    def fail_call(self, call: int, error: BaseException) -> None:
-        self.calls[call] = "fail"
-        self.errors.append(error)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def capture(self) -> Any:
-        return self.by_name()
-
-    def by_name(self, call: int | None = None) -> dict[str, np.ndarray]:
-        """Every saved array by every one of its names (the last call by default)."""
-        call = max(self.values) if call is None else call
-        return {name: v.array for _, v in self.values.get(call, []) for name in v.names}
-
-
-@pytest.fixture
-def sink() -> FakeSink:
-    return FakeSink()
 
 
 @pytest.fixture(autouse=True)

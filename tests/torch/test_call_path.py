@@ -12,7 +12,8 @@ from torch import nn
 from clouseau.capture import torch as ct
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.traced import InputPicker
-from tests.torch.conftest import FakeSink, assert_same
+from tests.conftest import RecordingSink
+from tests.torch.conftest import assert_same
 
 
 class Mixed(nn.Module):
@@ -58,7 +59,7 @@ def test_input_plans_follow_positions_keywords_and_defaults() -> None:
 
 def test_every_call_shape_gets_the_right_inputs() -> None:
     model = Mixed().eval()
-    sink = FakeSink()
+    sink = RecordingSink()
     fm = ct.instrument(model, select="*", sink=sink)
     x, y, bias = torch.randn(2, 4), torch.randn(2, 4), torch.randn(4)
     calls = [
@@ -72,13 +73,13 @@ def test_every_call_shape_gets_the_right_inputs() -> None:
     for _ in range(2):  # the second round runs from the cache
         for args, kwargs in calls:
             assert_same(fm(*args, **kwargs), model(*args, **kwargs))
-            assert_same(sink.by_name()["lin"], model.lin(x))
+            assert_same(sink.values()["lin"], model.lin(x))
 
 
 def test_users_modules_are_left_as_they_were() -> None:
     model = Mixed().eval()
     before = {name: set(vars(m)) for name, m in model.named_modules()}
-    fm = ct.instrument(model, select="*", sink=FakeSink())
+    fm = ct.instrument(model, select="*", sink=RecordingSink())
     x = torch.randn(2, 4)
     fm(x)
     fm(x)
@@ -91,7 +92,7 @@ def test_users_modules_are_left_as_they_were() -> None:
     assert seen == ["inner", "outer", "inner"]
 
 
-def test_weights_changed_in_place_are_seen(sink: FakeSink) -> None:
+def test_weights_changed_in_place_are_seen(sink: RecordingSink) -> None:
     model = Mixed().eval()
     fm = ct.instrument(model, select=None, sink=sink)
     x = torch.randn(2, 4)
@@ -116,7 +117,7 @@ def test_the_trace_lock_is_released_after_every_call() -> None:
     ct.mark_leaf(Flaky)
     for select in (None, "*"):
         flaky = Flaky()
-        sink = FakeSink()
+        sink = RecordingSink()
         fm = ct.instrument(nn.Sequential(nn.Linear(3, 3), flaky), select=select, sink=sink)
         fm(torch.randn(2, 3))
         with pytest.raises(RuntimeError):
@@ -125,6 +126,6 @@ def test_the_trace_lock_is_released_after_every_call() -> None:
         flaky.fail = True
         with pytest.raises(ValueError, match="boom"):
             fm(torch.randn(2, 3))  # a cached signature whose run fails
-        assert sink.calls == ([] if select is None else ["end", "fail"])
+        assert sink.status == ([] if select is None else ["end", "fail"])
         assert TRACE_LOCK._readers == 0 and TRACE_LOCK._writer is None
         assert getattr(TRACE_LOCK._local, "readers", 0) == 0

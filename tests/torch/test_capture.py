@@ -7,19 +7,20 @@ import pytest
 import torch
 
 from clouseau.capture import torch as ct
-from clouseau.ir.graph import Frontend
+from clouseau.ir.graph import TraceKind
+from tests.conftest import RecordingSink
 from tests.torch import models
-from tests.torch.conftest import FakeSink, assert_same, eager_with_hooks
+from tests.torch.conftest import assert_same, eager_with_hooks
 
 
-def run(model: torch.nn.Module, sink: FakeSink, *args, select="*", **kwargs):  # type: ignore[no-untyped-def]
+def run(model: torch.nn.Module, sink: RecordingSink, *args, select="*", **kwargs):  # type: ignore[no-untyped-def]
     fm = ct.instrument(model, select=select, sink=sink)
     with torch.no_grad():
         out = fm(*args, **kwargs)
-    return out, sink.by_name(), fm
+    return out, sink.values(), fm
 
 
-def test_mlp_every_point(sink: FakeSink) -> None:
+def test_mlp_every_point(sink: RecordingSink) -> None:
     model = models.MLP()
     x = torch.randn(3, 8)
     expected, hooks = eager_with_hooks(model, x)
@@ -29,10 +30,10 @@ def test_mlp_every_point(sink: FakeSink) -> None:
     assert_same(cap["x"], x)
     for path in ("fc1", "act", "fc2"):
         assert_same(cap[path], hooks.outputs[path][0])
-    assert sink.calls == ["end"]
+    assert sink.status == ["end"]
 
 
-def test_cnn_batchnorm_inplace_relu_train(sink: FakeSink) -> None:
+def test_cnn_batchnorm_inplace_relu_train(sink: RecordingSink) -> None:
     model = models.CNN().train()
     reference = models.CNN().train()
     reference.load_state_dict(model.state_dict())
@@ -49,7 +50,7 @@ def test_cnn_batchnorm_inplace_relu_train(sink: FakeSink) -> None:
     assert int(model.bn.num_batches_tracked) == 1
 
 
-def test_resnet_every_point(sink: FakeSink) -> None:
+def test_resnet_every_point(sink: RecordingSink) -> None:
     model = models.ResNet().eval()
     x = torch.randn(2, 3, 16, 16)
     expected, hooks = eager_with_hooks(model, x)
@@ -68,18 +69,18 @@ def test_resnet_every_point(sink: FakeSink) -> None:
     assert_same(cap["flatten"], torch.flatten(hooks.outputs["avgpool"][0], 1))
 
 
-def test_one_value_saved_once_with_all_its_names(sink: FakeSink) -> None:
+def test_one_value_saved_once_with_all_its_names(sink: RecordingSink) -> None:
     run(
         models.ResNet().eval(),
         sink,
         torch.randn(1, 3, 16, 16),
         select=["layer1.0.relu_1", "layer1.0"],
     )
-    (saved,) = [v for _, v in sink.values[0]]
+    (saved,) = [v for _, v in sink.calls[0]]
     assert saved.names == ("layer1.0.relu_1", "layer1.0") and saved.node == "layer1.0.relu_1"
 
 
-def test_snapshots_only_where_a_later_op_mutates(sink: FakeSink) -> None:
+def test_snapshots_only_where_a_later_op_mutates(sink: RecordingSink) -> None:
     fm = ct.instrument(models.ResNet().eval(), select="*", sink=sink)
     lowered = fm.lowered(torch.randn(1, 3, 16, 16))
     clones = [n for n in lowered.module.graph.nodes if n.target is torch.clone]
@@ -91,7 +92,7 @@ def test_snapshots_only_where_a_later_op_mutates(sink: FakeSink) -> None:
     assert cloned == {"bn1"} | {f"{b}.{n}" for b in blocks for n in ("bn1", "bn2", "add")}
 
 
-def test_inplace_methods_and_views(sink: FakeSink) -> None:
+def test_inplace_methods_and_views(sink: RecordingSink) -> None:
     model = models.InplaceOps()
     x = torch.randn(2, 4)
     expected = model(x)
@@ -106,7 +107,7 @@ def test_inplace_methods_and_views(sink: FakeSink) -> None:
     assert_same(cap["getitem"], g[:, :2])
 
 
-def test_encoder_block(sink: FakeSink) -> None:
+def test_encoder_block(sink: RecordingSink) -> None:
     model = models.Encoder().eval()
     x = torch.randn(2, 5, 4)
     expected, hooks = eager_with_hooks(model, x)
@@ -132,7 +133,7 @@ def test_encoder_block(sink: FakeSink) -> None:
     assert_same(cap["attn.softmax"], torch.softmax(q @ k.transpose(-2, -1) / 8**0.5, dim=-1))
 
 
-def test_two_inputs_and_kwargs(sink: FakeSink) -> None:
+def test_two_inputs_and_kwargs(sink: RecordingSink) -> None:
     model = models.TwoInputs()
     x, y, mask = torch.randn(2, 4), torch.randn(2, 3), torch.rand(2, 6)
     fm = ct.instrument(model, select=["a", "b", "add", "mul*"], sink=sink)
@@ -142,7 +143,7 @@ def test_two_inputs_and_kwargs(sink: FakeSink) -> None:
         assert isinstance(out, tuple) and len(out) == 2
         for o, e in zip(out, expected, strict=True):
             assert_same(o, e)
-        cap = sink.by_name()
+        cap = sink.values()
         assert_same(cap["a"], model.a(x))
         assert_same(cap["add"], model.a(x) + model.b(y))
     assert len(sink.graphs) == 3  # each kwarg signature is its own trace
@@ -150,7 +151,7 @@ def test_two_inputs_and_kwargs(sink: FakeSink) -> None:
     assert "mul_1" in sink.graphs[2].names() and "mul_1" not in sink.graphs[0].names()
 
 
-def test_dict_and_dataclass_outputs(sink: FakeSink) -> None:
+def test_dict_and_dataclass_outputs(sink: RecordingSink) -> None:
     model = models.DictOut()
     x = torch.randn(2, 4)
     out, cap, _ = run(model, sink, x)
@@ -161,22 +162,22 @@ def test_dict_and_dataclass_outputs(sink: FakeSink) -> None:
     assert_same(cap["relu"], expected["features"])
 
     model2 = models.DataclassOut()
-    out2, _, _ = run(model2, FakeSink(), x)
+    out2, _, _ = run(model2, RecordingSink(), x)
     expected2 = model2(x)
     assert isinstance(out2, models.Out)
     assert_same(out2.logits, expected2.logits)
     assert_same(out2.hidden, expected2.hidden)
 
 
-def test_export_fallback(sink: FakeSink) -> None:
+def test_export_fallback(sink: RecordingSink) -> None:
     model = models.ShapeBranch().eval()
     x = torch.randn(2, 4, 6, 6)
     g = ct.trace(model, x)
-    assert g.frontend is Frontend.TORCH_EXPORT
+    assert g.trace_kind is TraceKind.TORCH_EXPORT
     assert "control flow" in str(g.meta_value("fx_error"))  # why fx gave up, first line
     expected, hooks = eager_with_hooks(model, x)
     out, cap, _ = run(model, sink, x)
-    assert sink.graphs[0].frontend is Frontend.TORCH_EXPORT
+    assert sink.graphs[0].trace_kind is TraceKind.TORCH_EXPORT
     assert_same(out, expected)
     for path in (
         "block.conv1",
@@ -194,7 +195,7 @@ def test_export_fallback(sink: FakeSink) -> None:
     assert_same(cap["max_pool2d"], torch.nn.functional.max_pool2d(hooks.outputs["block"][0], 2))
 
 
-def test_export_fallback_train_mode_updates_stats_like_eager(sink: FakeSink) -> None:
+def test_export_fallback_train_mode_updates_stats_like_eager(sink: RecordingSink) -> None:
     model = models.ShapeBranch().train()
     reference = models.ShapeBranch().train()
     reference.load_state_dict(model.state_dict())
@@ -204,7 +205,7 @@ def test_export_fallback_train_mode_updates_stats_like_eager(sink: FakeSink) -> 
     assert_same(out, reference(x))
     assert_same(model.block.bn1.running_var, reference.block.bn1.running_var)
     assert int(model.block.bn1.num_batches_tracked) == 1
-    assert set(sink.by_name()) >= {"block.bn1", "block.bn2"}
+    assert set(sink.values()) >= {"block.bn1", "block.bn2"}
 
 
 def test_to_numpy_dtypes_exact() -> None:
@@ -232,7 +233,7 @@ def test_to_numpy_dtypes_exact() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
-def test_low_and_high_precision_models(sink: FakeSink, dtype: torch.dtype) -> None:
+def test_low_and_high_precision_models(sink: RecordingSink, dtype: torch.dtype) -> None:
     model = models.MLP().to(dtype)
     x = torch.randn(3, 8, dtype=dtype)
     out, cap, _ = run(model, sink, x, select="fc1")
@@ -241,7 +242,7 @@ def test_low_and_high_precision_models(sink: FakeSink, dtype: torch.dtype) -> No
     np.testing.assert_array_equal(cap["fc1"], ct.to_numpy(expected))
 
 
-def test_export_fallback_kwargs_and_dict_output(sink: FakeSink) -> None:
+def test_export_fallback_kwargs_and_dict_output(sink: RecordingSink) -> None:
     model = models.ShapeBranchKwargs()
     x, bias = torch.randn(3, 4), torch.randn(4)
     fm = ct.instrument(model, select=["proj", "relu"], sink=sink)
@@ -251,5 +252,5 @@ def test_export_fallback_kwargs_and_dict_output(sink: FakeSink) -> None:
         assert list(out) == ["h", "n"]
         for key in out:
             assert_same(out[key], expected[key])
-        assert_same(sink.by_name()["relu"], torch.relu(model.proj(x) + bias))
-    assert [g.frontend for g in sink.graphs] == [Frontend.TORCH_EXPORT] * 2
+        assert_same(sink.values()["relu"], torch.relu(model.proj(x) + bias))
+    assert [g.trace_kind for g in sink.graphs] == [TraceKind.TORCH_EXPORT] * 2

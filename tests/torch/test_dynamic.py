@@ -141,7 +141,7 @@ def test_select_and_graphs_of_the_dynamic_tier() -> None:
     cap = fmodel.captured
     assert set(cap.names()) == {"up", "down"}
     assert fmodel.traces == len(cap.graphs) >= 2
-    assert all(g.frontend is clouseau.ir.Frontend.TORCH_DYNAMO for g in cap.graphs)
+    assert all(g.trace_kind is clouseau.ir.TraceKind.TORCH_DYNAMO for g in cap.graphs)
     with pytest.raises(clouseau.TraceError, match="dynamic"):
         fmodel.trace(_inputs(0))
 

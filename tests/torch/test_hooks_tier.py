@@ -15,7 +15,7 @@ import torch
 
 import clouseau
 from clouseau.capture.torch.hooks_tier import module_paths_selected
-from clouseau.ir.graph import Frontend
+from clouseau.ir.graph import TraceKind
 from clouseau.ir.selection import as_selector
 
 
@@ -64,8 +64,8 @@ def test_hooks_name_and_save_what_the_trace_does(make: Any) -> None:
     with torch.no_grad():
         hooked(*args)
     want, got = traced.captured, hooked.captured
-    assert want.graph.frontend is not Frontend.TORCH_HOOKS
-    assert got.graph.frontend is Frontend.TORCH_HOOKS
+    assert want.graph.trace_kind is not TraceKind.TORCH_HOOKS
+    assert got.graph.trace_kind is TraceKind.TORCH_HOOKS
     assert hooked.traces == 0
     assert set(got.names()) == set(want.names())
     for name in want.names():

@@ -16,8 +16,9 @@ from clouseau.ir.graph import Graph, Point
 from clouseau.ir.passes import insert_saves
 from clouseau.ir.selection import Selector
 from clouseau.ir.verify import verify
+from tests.conftest import RecordingSink
 from tests.torch import models
-from tests.torch.conftest import FakeSink, assert_same
+from tests.torch.conftest import assert_same
 
 
 @functools.cache
@@ -31,13 +32,13 @@ def resnet_selected(select) -> set[str]:  # type: ignore[no-untyped-def]
     return {name for save in graph.saves for name in save.attr("names")}  # type: ignore[union-attr]
 
 
-def test_select_through_instrument(sink: FakeSink) -> None:
+def test_select_through_instrument(sink: RecordingSink) -> None:
     fm = ct.instrument(models.ResNet().eval(), select="layer2.*.relu*", sink=sink)
     graph = fm.trace(torch.randn(1, 3, 16, 16))
     expected = {f"{b}.{r}" for b in ("layer2.0", "layer2.1") for r in ("relu", "relu_1")}
     assert {n for s in graph.saves for n in s.attr("names")} == expected  # type: ignore[union-attr]
     fm(torch.randn(1, 3, 16, 16))
-    assert set(sink.by_name()) == expected
+    assert set(sink.values()) == expected
 
 
 BLOCKS = ("layer1.0", "layer1.1", "layer2.0", "layer2.1")
@@ -79,24 +80,24 @@ def test_select_callable_and_selector_algebra() -> None:
 
 
 def test_select_matching_nothing_names_close_points() -> None:
-    fm = ct.instrument(models.ResNet().eval(), select="layer1.0.rleu", sink=FakeSink())
+    fm = ct.instrument(models.ResNet().eval(), select="layer1.0.rleu", sink=RecordingSink())
     with pytest.raises(SelectionError, match=r"layer1\.0\.relu"):
         fm(torch.randn(1, 3, 16, 16))
 
 
-def test_select_none_is_the_plain_graph(sink: FakeSink) -> None:
+def test_select_none_is_the_plain_graph(sink: RecordingSink) -> None:
     model = models.CNN().eval()
     fm = ct.instrument(model, select=None, sink=sink)
     x = torch.randn(1, 3, 6, 6)
     lowered = fm.lowered(x)
     assert lowered.module is lowered.traced.traced.gm and not lowered.saves
     assert_same(fm(x), model(x))
-    assert sink.values == {} and sink.calls == []  # nothing to record: the sink is not called
+    assert sink.calls == [] and sink.status == []  # nothing to record: the sink is not called
 
 
 def test_parameters_are_shared() -> None:
     model = models.ResNet()
-    fm = ct.instrument(model, select="fc", sink=FakeSink())
+    fm = ct.instrument(model, select="fc", sink=RecordingSink())
     assert [id(p) for p in fm.parameters()] == [id(p) for p in model.parameters()]
     fm.trace(torch.randn(1, 3, 16, 16))
     lowered = fm.lowered(torch.randn(1, 3, 16, 16))
@@ -106,7 +107,7 @@ def test_parameters_are_shared() -> None:
     )  # lowered graphs not registered
 
 
-def test_train_eval_trace_per_mode(sink: FakeSink) -> None:
+def test_train_eval_trace_per_mode(sink: RecordingSink) -> None:
     model = models.CNN()
     reference = copy.deepcopy(model)
     fm = ct.instrument(model, select="bn", sink=sink)
@@ -121,7 +122,7 @@ def test_train_eval_trace_per_mode(sink: FakeSink) -> None:
     assert [g.meta_value("training") for g in sink.graphs] == [True, False]
 
 
-def test_no_grad_and_autograd_gradients_equal(sink: FakeSink) -> None:
+def test_no_grad_and_autograd_gradients_equal(sink: RecordingSink) -> None:
     model = models.ResNet().train()
     reference = copy.deepcopy(model)
     fm = ct.instrument(model, select="*", sink=sink)
@@ -139,15 +140,15 @@ def test_no_grad_and_autograd_gradients_equal(sink: FakeSink) -> None:
     assert_same(xa.grad, xb.grad)
 
 
-def test_one_trace_per_structure_not_per_shape(sink: FakeSink) -> None:
+def test_one_trace_per_structure_not_per_shape(sink: RecordingSink) -> None:
     model = models.CNN().eval()
     fm = ct.instrument(model, select="conv", sink=sink)
     for size in (6, 6, 8, 6):
         x = torch.randn(1, 3, size, size)
         assert_same(fm(x), model(x))
-        assert sink.by_name()["conv"].shape == (1, 6, size, size)
+        assert sink.values()["conv"].shape == (1, 6, size, size)
     assert len(sink.graphs) == 1 and fm.traces == 1
-    graph_ids = [gid for call in sorted(sink.values) for gid, _ in sink.values[call]]
+    graph_ids = [gid for call in sink.calls for gid, _ in call]
     assert graph_ids == [0, 0, 0, 0]
     x = torch.randn(1, 3, 6, 6)[None]  # a new rank: a new structure
     with pytest.raises(clouseau.TraceError):
@@ -173,7 +174,7 @@ def test_trace_leaves_state_and_rng_alone() -> None:
         assert torch.equal(value, stats[key]), key
 
 
-def test_dropout_in_train_mode_matches_eager(sink: FakeSink) -> None:
+def test_dropout_in_train_mode_matches_eager(sink: RecordingSink) -> None:
     model = models.Dropper().train()
     fm = ct.instrument(model, select="drop", sink=sink)
     x = torch.randn(3, 4)
@@ -200,7 +201,7 @@ def test_untraceable_model_error() -> None:
         assert part in text, part
 
 
-def test_mark_leaf_makes_it_traceable(sink: FakeSink) -> None:
+def test_mark_leaf_makes_it_traceable(sink: RecordingSink) -> None:
     class Wrapper(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -216,15 +217,15 @@ def test_mark_leaf_makes_it_traceable(sink: FakeSink) -> None:
     fm = ct.instrument(model, select="inner", sink=sink)
     assert_same(fm(x), model(x))
     assert sink.graphs[0].node("inner").op == "databranch"
-    assert_same(sink.by_name()["inner"], model.inner(x))
+    assert_same(sink.values()["inner"], model.inner(x))
 
 
-def test_failed_call_is_reported_and_reraised(sink: FakeSink) -> None:
+def test_failed_call_is_reported_and_reraised(sink: RecordingSink) -> None:
     fm = ct.instrument(models.MLP(), select="fc1", sink=sink)
     sink.fail_put = True
     with pytest.raises(OSError, match="disk full"):
         fm(torch.randn(2, 8))
-    assert sink.calls == ["fail"] and isinstance(sink.errors[0], OSError)
+    assert sink.status == ["fail"] and isinstance(sink.errors[0], OSError)
 
 
 def test_public_api_in_memory() -> None:
@@ -266,7 +267,7 @@ def test_host_arrays_outlive_what_the_user_does_after_the_call() -> None:
             return torch.relu(self.fc(x)) + x.view(-1).sum()
 
     model = Net()
-    fm = ct.instrument(model, select="*", sink=(sink := FakeSink()))
+    fm = ct.instrument(model, select="*", sink=(sink := RecordingSink()))
     x = torch.randn(2, 4)
     expected = {"x": x.clone(), "view": x.view(-1).clone()}
     y = fm(x)
@@ -278,6 +279,6 @@ def test_host_arrays_outlive_what_the_user_does_after_the_call() -> None:
     lowered = fm.lowered(torch.randn(2, 4))
     copies = dict(zip((s.attr("names")[0] for s in lowered.saves), lowered.host_copy, strict=True))
     assert copies["x"] and copies["view"] and copies["add"] and not copies["relu"]
-    saved = sink.by_name(0)
+    saved = sink.values(0)
     for name, value in expected.items():
         np.testing.assert_array_equal(saved[name], value.numpy())

@@ -10,7 +10,7 @@ import torch.fx as fx
 
 from clouseau.capture import torch as ct
 from clouseau.capture.torch.naming import LocalNamer
-from clouseau.ir.graph import DType, Frontend, NodeKind, OpaqueSpec, TensorSpec
+from clouseau.ir.graph import DType, NodeKind, OpaqueSpec, TensorSpec, TraceKind
 from clouseau.ir.verify import verify
 from tests.torch import models
 
@@ -35,7 +35,7 @@ def resnet_graph():
 
 def test_resnet_node_names_follow_torchvision() -> None:
     g = verify(resnet_graph())
-    assert g.frontend is Frontend.TORCH_FX
+    assert g.trace_kind is TraceKind.TORCH_FX
     ops = tuple(n.name for n in g.nodes if n.kind is not NodeKind.OUTPUT)
     assert ops == RESNET_NAMES
     assert g.nodes[-1].name == "output" and g.nodes[-1].kind is NodeKind.OUTPUT

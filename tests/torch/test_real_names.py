@@ -12,7 +12,7 @@ from torch import nn
 import clouseau
 from clouseau.capture import torch as ct
 from clouseau.capture.torch.names import clean_paths
-from clouseau.ir.graph import Frontend
+from clouseau.ir.graph import TraceKind
 from tests.models.helpers import check_model
 
 
@@ -89,7 +89,7 @@ GOLDEN = (
 
 def test_golden_names_of_a_naming_torture_model() -> None:
     g = ct.trace(Torture().eval(), torch.randn(2, 4))
-    assert g.frontend is Frontend.TORCH_FX
+    assert g.trace_kind is TraceKind.TORCH_FX
     assert g.names() == GOLDEN
     assert g.point("layers.layer_1_1").ref.node == "layers.layer_1_1"
     assert g.node("layers.layer_1_1").target.endswith("Linear")
@@ -115,7 +115,7 @@ class ShapeBranchTorture(Torture):
 
 def test_torture_model_values_equal_forward_hooks_on_the_export_path() -> None:
     graph = check_model(ShapeBranchTorture().eval(), torch.randn(2, 4))
-    assert graph.frontend is Frontend.TORCH_EXPORT
+    assert graph.trace_kind is TraceKind.TORCH_EXPORT
     module_names = {name for _, name in graph.meta_value("module_calls")}
     fx_names = {
         name for _, name in ct.trace(Torture().eval(), torch.randn(2, 4)).meta_value("module_calls")
@@ -171,7 +171,7 @@ def test_regions_that_change_numerics_keep_values_and_dtypes(region) -> None:  #
         assert a.dtype == e.dtype and torch.equal(a, e)
         if region is not torch.inference_mode:  # export records no inference_mode region
             assert a.requires_grad == e.requires_grad
-    assert fmodel.captured.graph.frontend is Frontend.TORCH_EXPORT
+    assert fmodel.captured.graph.trace_kind is TraceKind.TORCH_EXPORT
     assert "autocast, grad or inference mode" in fmodel.captured.graph.meta_value("fx_error")
     with outer():
         check_model(model, x)

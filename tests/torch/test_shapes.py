@@ -61,11 +61,11 @@ def test_gpt2_traces_a_few_times_for_fifty_sequence_lengths(traced: bool) -> Non
         _check_modules(fmodel.captured, call, hooks, paths)
     if not traced:
         assert fmodel.traces == 0
-        assert fmodel.captured.graph.frontend is clouseau.ir.Frontend.TORCH_HOOKS
+        assert fmodel.captured.graph.trace_kind is clouseau.ir.TraceKind.TORCH_HOOKS
         assert len(fmodel.captured.graphs) == 1  # ranks, not sizes
         return
     assert fmodel.traces <= 3
-    assert fmodel.captured.graph.frontend is clouseau.ir.Frontend.TORCH_EXPORT
+    assert fmodel.captured.graph.trace_kind is clouseau.ir.TraceKind.TORCH_EXPORT
     # The first export is static; the second shape's export is dynamic and serves the rest.
     graphs = [str(g) for g in fmodel.captured.graphs]
     assert "%lm_head : f32[2,7,100] = linear" in graphs[0]
@@ -97,7 +97,7 @@ def test_a_broken_export_guard_is_a_new_trace_not_a_wrong_value() -> None:
         saved = fmodel.captured.get("fc", call=call)
         assert_same(saved, model.fc(x).detach())
     assert fmodel.traces <= 3  # the first shape static, then one dynamic export per side
-    assert {g.frontend for g in fmodel.captured.graphs} == {clouseau.ir.Frontend.TORCH_EXPORT}
+    assert {g.trace_kind for g in fmodel.captured.graphs} == {clouseau.ir.TraceKind.TORCH_EXPORT}
 
 
 def test_a_shape_the_model_cannot_take_fails_with_its_own_error(tmp_path: object) -> None:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import clouseau
-from clouseau.ir.graph import Frontend
+from clouseau.ir.graph import TraceKind
 
 
 class TupleOps(nn.Module):
@@ -50,8 +50,8 @@ def test_tuple_op_elements_are_points_named_like_module_tuple_elements(export: b
     fmodel = clouseau.instrument(model, select="*", path=None)
     assert torch.equal(fmodel(x), expected_out)
     captured = fmodel.captured
-    frontend = Frontend.TORCH_EXPORT if export else Frontend.TORCH_FX
-    assert captured.graph.frontend is frontend
+    frontend = TraceKind.TORCH_EXPORT if export else TraceKind.TORCH_FX
+    assert captured.graph.trace_kind is frontend
     names = set(captured.names())
     for op, elements in _eager(seen[0]).items():
         for i, want in enumerate(elements):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from clouseau.ir.graph import Frontend
+from clouseau.ir.graph import TraceKind
 from tests.models.helpers import check_model
 
 
@@ -46,7 +46,7 @@ class Discarding(nn.Module):
 @pytest.mark.parametrize("export", [False, True], ids=["fx", "export"])
 def test_a_module_whose_output_nothing_uses_is_a_point(export: bool) -> None:
     graph = check_model(Discarding(export).eval(), torch.randn(3, 4))
-    assert graph.frontend is (Frontend.TORCH_EXPORT if export else Frontend.TORCH_FX)
+    assert graph.trace_kind is (TraceKind.TORCH_EXPORT if export else TraceKind.TORCH_FX)
     calls = [name for _, name in graph.meta_value("module_calls")]
     expected = ["body", "aux.fc", "aux.out", "aux", "view"]
     if export:

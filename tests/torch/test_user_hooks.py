@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import clouseau
-from clouseau.ir.graph import Frontend
+from clouseau.ir.graph import TraceKind
 from tests.models.helpers import check_model
 
 
@@ -46,7 +46,7 @@ def _hooks(model: Branchy) -> list[tuple[str, type, type]]:
     return seen
 
 
-FRONTENDS = {"fx": Frontend.TORCH_FX, "export": Frontend.TORCH_EXPORT}
+FRONTENDS = {"fx": TraceKind.TORCH_FX, "export": TraceKind.TORCH_EXPORT}
 
 
 @pytest.mark.parametrize("path", list(FRONTENDS))
@@ -65,7 +65,7 @@ def test_user_hooks_run_once_per_call_on_real_tensors(path: str) -> None:
         assert len(seen) == 2 * (call + 1)
         assert all(a is torch.Tensor and o is torch.Tensor for _, a, o in seen)
     captured = fmodel.captured
-    assert captured.graph.frontend is FRONTENDS[path]
+    assert captured.graph.trace_kind is FRONTENDS[path]
     assert fmodel.traces == 1
     for call in range(3):  # the module's point holds what the hook returned
         assert torch.equal(torch.from_numpy(captured.get("fc", call=call)), fc_out)
@@ -92,7 +92,7 @@ def test_module_outputs_with_user_hooks_equal_forward_hooks(hooked: bool, path: 
     if hooked:
         _hooks(model)
     graph = check_model(model, torch.randn(3, 4))
-    assert graph.frontend is FRONTENDS[path]
+    assert graph.trace_kind is FRONTENDS[path]
 
 
 @pytest.mark.parametrize("path", list(FRONTENDS))
@@ -111,4 +111,4 @@ def test_a_hook_on_the_model_itself_runs_once_per_call_around_the_graph(path: st
     for call in range(2):
         assert torch.equal(fmodel(x), expected)
         assert seen == [torch.Tensor] * (call + 2)  # the eager call, then one per call
-    assert fmodel.captured.graph.frontend is FRONTENDS[path]
+    assert fmodel.captured.graph.trace_kind is FRONTENDS[path]

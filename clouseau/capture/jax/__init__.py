@@ -35,9 +35,11 @@ from clouseau.ir.sink import Sink
 
 __all__ = [
     "ACTIVATIONS",
+    "FRONTEND",
     "TORCH_KEY_MAP",
     "InstrumentedFunction",
     "InstrumentedModule",
+    "JaxFrontend",
     "Lowered",
     "instrument",
     "lower",
@@ -100,13 +102,9 @@ def instrument(
         Callable like ``model``; a pytree (an ``eqx.Module``) when ``model`` has array
         leaves; a capture session (``close()``, ``with``, ``captured``).
     """
-    _check_model(model)
     # An invalid glob or select type fails now, not at the model's first call.
     check_select(select)
-    core = Core(sink, select, intervene=intervene, grads=grads)
-    if isinstance(model, eqx.Module) or _has_arrays(model):
-        return InstrumentedModule(model, core)
-    return InstrumentedFunction(model, core)
+    return FRONTEND.instrument(model, select=select, sink=sink, intervene=intervene, grads=grads)
 
 
 @dataclass(frozen=True)
@@ -133,6 +131,39 @@ def lower(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], select: Sel
     traced = trace_jaxpr(model, args, kwargs)
     graph = insert_saves(build_graph(traced), select)
     return Lowered(traced, graph, make_plan(graph), split((model, args, kwargs)).arrays)
+
+
+class JaxFrontend:
+    """The JAX / Equinox frontend as a :class:`clouseau.capture.Frontend`."""
+
+    name = "jax"
+
+    def trace(self, model: Any, *args: Any, **kwargs: Any) -> Graph:
+        return trace(model, *args, **kwargs)
+
+    def instrument(
+        self,
+        model: Any,
+        *,
+        select: SelectLike,
+        sink: Sink,
+        intervene: Any = None,
+        grads: Any = False,
+    ) -> InstrumentedModule | InstrumentedFunction:
+        # select was checked by the caller (the public API, or instrument above).
+        _check_model(model)
+        core = Core(sink, select, intervene=intervene, grads=grads)
+        if isinstance(model, eqx.Module) or _has_arrays(model):
+            return InstrumentedModule(model, core)
+        return InstrumentedFunction(model, core)
+
+    def lower(
+        self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], select: SelectLike
+    ) -> Lowered:
+        return lower(model, args, kwargs, select)
+
+
+FRONTEND = JaxFrontend()
 
 
 def _check_model(model: Any) -> None:

@@ -53,7 +53,7 @@ def user_frame(source_info: Any) -> tuple[str, int, str] | None:
 
     frames = list(source_info_util.user_frames(source_info.traceback))
     for frame in frames:
-        if not _is_library(frame.file_name):
+        if not is_library_file(frame.file_name):
             return frame.file_name, frame.start_line, frame.function_name
     if frames:
         frame = frames[0]
@@ -61,14 +61,9 @@ def user_frame(source_info: Any) -> tuple[str, int, str] | None:
     return None
 
 
-def _is_library(path: str) -> bool:
-    path = os.path.abspath(path)
-    return path.startswith((_EQUINOX_DIR, _CLOUSEAU_DIR + os.sep, _JAX_DIR))
-
-
 def is_library_file(path: str) -> bool:
     """True for files of JAX, equinox or clouseau (not the user's)."""
-    return _is_library(path)
+    return os.path.abspath(path).startswith((_EQUINOX_DIR, _CLOUSEAU_DIR + os.sep, _JAX_DIR))
 
 
 def is_tracer(x: Any) -> bool:

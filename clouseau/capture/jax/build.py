@@ -40,7 +40,6 @@ from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import (
     VARIES,
     DType,
-    Frontend,
     Graph,
     ModuleInfo,
     Node,
@@ -50,6 +49,7 @@ from clouseau.ir.graph import (
     Source,
     Spec,
     TensorSpec,
+    TraceKind,
 )
 from clouseau.ir.verify import verify
 
@@ -59,8 +59,6 @@ _ACTIVATION_PRIMITIVES = {"logistic": "sigmoid"}
 # Loop carries, slices and results change between iterations, state the call assigns
 # between calls: what is computed from them is a point whatever else it reads.
 _VARIES = ((VARIES, True),)
-
-FLATTENED = frozenset({"jit", "pjit", "scan", "remat2", "checkpoint", "remat"})
 
 
 @dataclass(frozen=True)
@@ -107,7 +105,7 @@ def build_graph(traced: Traced) -> Graph:
     graph = Graph(
         nodes=tuple(builder.nodes),
         name=traced.name,
-        frontend=Frontend.JAX,
+        trace_kind=TraceKind.JAX,
         modules=modules,
         meta=(("jax_version", __import__("jax").__version__),),
     )
@@ -200,7 +198,7 @@ class _Builder:
                 index, mark = name[len(MODULE_MARK) :].split("_")
                 entry = self.traced.modules[int(index)]
                 sub = Scope(entry.path, entry.type_name, entry.path)
-                outs = self._sub(inner.jaxpr, inner.consts, inputs, key, sub)
+                outs = self._sub(inner.jaxpr, inputs, key, sub)
                 # The module's outputs; after them, the state it assigns (not its output).
                 self._alias_outputs(outs[: len(outs) - self.traced.marks[int(mark)]], entry.path)
                 return outs
@@ -210,11 +208,11 @@ class _Builder:
                 return self._opaque(clean(name), eqn, key, refs, local)
             path = self.namer_peek(join(local.prefix, clean(name)))
             sub = replace(local, prefix=path)
-            outs = self._sub(inner.jaxpr, inner.consts, inputs, key, sub)
+            outs = self._sub(inner.jaxpr, inputs, key, sub)
             self._alias_outputs(outs, path, reserved=True)
             return outs
         if prim in REMAT:
-            return self._sub(eqn.params["jaxpr"], (), inputs, key, local)
+            return self._sub(eqn.params["jaxpr"], inputs, key, local)
         if prim == "scan":
             return self._scan(eqn, key, inputs, local)
         if prim == "cond":
@@ -235,7 +233,7 @@ class _Builder:
         if _is_jax_function(closed):
             return self._opaque(fn, eqn, key, tuple(r for r in inputs if r is not None), scope)
         path = self.namer_peek(join(scope.prefix, fn))
-        outs = self._sub(closed.jaxpr, closed.consts, inputs, key, replace(scope, prefix=path))
+        outs = self._sub(closed.jaxpr, inputs, key, replace(scope, prefix=path))
         self._alias_outputs(outs, path, reserved=True)
         return outs
 
@@ -244,14 +242,13 @@ class _Builder:
         return self.namer.take(base)
 
     def _sub(
-        self, jaxpr: Any, consts: Any, inputs: list[Ref | None], key: str, scope: Scope
+        self, jaxpr: Any, inputs: list[Ref | None], key: str, scope: Scope
     ) -> list[Ref | None]:
         const_refs: list[Ref | None] = []
         for i, var in enumerate(jaxpr.constvars):
             const_refs.append(
                 self.add("const", NodeKind.CONSTANT, "const", (), (var,), scope, const_key(key, i))
             )
-        del consts
         return self.walk(jaxpr, const_refs, inputs, key, scope)
 
     def _opaque(
@@ -289,7 +286,7 @@ class _Builder:
             is_carry = i < n_consts + n_carry
             base, op = ("carry", "scan_carry") if is_carry else ("x", "scan_slice")
             inner_refs.append(self._body_input(base, op, inputs[i], var, sub, input_key(key, i)))
-        self._sub(body.jaxpr, body.consts, inner_refs, key, sub)
+        self._sub(body.jaxpr, inner_refs, key, sub)
         attrs = (("length", int(params["length"])), ("reverse", bool(params["reverse"])))
         return self._control(name, "scan", eqn, key, inputs, scope, (*attrs, *_VARIES))
 
@@ -298,7 +295,7 @@ class _Builder:
         name = self.namer_peek(join(scope.prefix, "cond"))
         for b, (closed, label) in enumerate(zip(branches, _branch_labels(branches), strict=True)):
             sub = replace(scope, prefix=join(name, label))
-            self._sub(closed.jaxpr, closed.consts, inputs[1:], branch_key(key, b), sub)
+            self._sub(closed.jaxpr, inputs[1:], branch_key(key, b), sub)
         return self._control(name, "cond", eqn, key, inputs, scope, (("branches", len(branches)),))
 
     def _while(
@@ -315,7 +312,7 @@ class _Builder:
             inner_refs.append(
                 self._body_input("carry", "while_carry", outer, var, sub, input_key(body, i))
             )
-        self._sub(closed.jaxpr, closed.consts, inner_refs, body, sub)
+        self._sub(closed.jaxpr, inner_refs, body, sub)
         return self._control(name, "while", eqn, key, inputs, scope, _VARIES)
 
     def _body_input(

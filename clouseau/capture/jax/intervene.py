@@ -76,7 +76,7 @@ def grad_emitting(traced: Traced, plan: Plan, graph: Graph, graph_id: int, sink:
     for node in graph.grad_saves:
         ref = producer_of(graph, node.inputs[0])
         key = graph.node(ref.node).key
-        names = tuple(str(n) for n in node.attr("names"))  # type: ignore[union-attr]
+        names = node.names
         if loops(graph, key):
             warnings.warn(
                 f"clouseau does not save the gradient of {names[0][: -len('.grad')]!r}: it is "

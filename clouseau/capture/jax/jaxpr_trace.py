@@ -24,7 +24,6 @@ the batch axis last).
 from __future__ import annotations
 
 import inspect
-import sysconfig
 import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -36,7 +35,14 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from clouseau.capture._arguments import check_arguments
+from clouseau.capture._common import (
+    check_arguments,
+    describe_call,
+    describe_other,
+    first_line,
+    inputs_rejected,
+    user_frame,
+)
 from clouseau.capture.jax import _compat, activations, batch_pin, state
 from clouseau.capture.jax.naming import ACTIVATIONS, join, key_name, path_name
 from clouseau.ir.errors import ClouseauError, TraceError
@@ -420,8 +426,7 @@ def _describe_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     def one(value: Any) -> str:
         if eqx.is_array(value):
             return f"{jax.numpy.result_type(value)}{list(np.shape(value))}"
-        text = repr(value)
-        return text if len(text) <= 40 else f"{type(value).__name__}(...)"
+        return describe_other(value)
 
     def tree(value: Any) -> str:
         leaves = jax.tree_util.tree_leaves(value)
@@ -429,28 +434,19 @@ def _describe_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
             return one(value)
         return str(jax.tree_util.tree_map(one, value))
 
-    return ", ".join([tree(a) for a in args] + [f"{k}={tree(v)}" for k, v in kwargs.items()])
+    return describe_call(args, kwargs, tree)
 
 
 def _inputs_message(model: Any, parts: Split, err: BaseException) -> str:
     frame = _user_frame_of(err)
     at = f" at {frame.filename}:{frame.lineno} ({(frame.line or '').strip()})" if frame else ""
     _, args, kwargs = parts.merge(parts.arrays)
-    first = (str(err).strip().splitlines() or [""])[0]
-    return (
-        f"cannot trace {_model_name(model)}: it fails on these inputs "
-        f"({_describe_call(args, kwargs)}){at}: {type(err).__name__}: {first}\n"
-        "Fix: pass inputs the model accepts (the shapes, dtypes and types its code and "
-        "parameters expect); each new input signature is traced anew and earlier calls "
-        "are kept."
+    described = _describe_call(args, kwargs)
+    return inputs_rejected(
+        _model_name(model), described, at, f": {first_line(err)}", expects="parameters"
     )
 
 
 def _user_frame_of(err: BaseException) -> traceback.FrameSummary | None:
     """The innermost user frame of ``err``'s traceback, else the user's call (the stack)."""
-    stdlib = sysconfig.get_paths()["stdlib"]
-    for frames in (traceback.extract_tb(err.__traceback__), traceback.extract_stack()):
-        for frame in reversed(frames):
-            if not (_compat.is_library_file(frame.filename) or frame.filename.startswith(stdlib)):
-                return frame
-    return None
+    return user_frame(err, _compat.is_library_file, or_stack=True)

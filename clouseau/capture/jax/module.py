@@ -19,6 +19,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
+from clouseau.capture._common import SinkCall
 from clouseau.capture._session import CaptureSession
 from clouseau.capture.jax import _compat, receivers, state
 from clouseau.capture.jax.build import build_graph
@@ -103,19 +104,15 @@ class Core:
         return entry.traced.outputs((model, args, kwargs), outs)
 
     def _collect(self, lowered: Runnable, arrays: tuple[Any, ...]) -> list[Any]:
-        call = self.sink.begin_call()
-        try:
-            if lowered.plan.streams:
+        plan = lowered.plan
+        with SinkCall(self.sink) as call:
+            if plan.streams:
                 outs, saved = lowered.collect(np.int32(call), *arrays)
                 jax.effects_barrier()  # the while loops' host callbacks have all run
             else:
                 outs, saved = lowered.collect(*arrays)
             saved = lowered.unpack(saved)  # device_get, or the shards held here
-        except BaseException as err:
-            self.sink.fail_call(call, err)
-            raise
-        plan = lowered.plan
-        receivers.deliver(self.sink, lowered.graph_id, plan, plan.top, 0, call, *saved)
+            self.sink.put(call, lowered.graph_id, receivers.saved_values(plan, plan.top, saved, 0))
         return outs
 
     def _plain(self, parts: Split) -> _Plain:

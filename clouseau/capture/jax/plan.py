@@ -164,7 +164,7 @@ class _Placer:
         for save in self.graph.saves:
             ref = producer_of(self.graph, save.inputs[0])
             node = self.graph.node(ref.node)
-            names = tuple(str(n) for n in save.attr("names"))  # type: ignore[union-attr]
+            names = save.names
             self.slots.append(self.slot(names, node.name, node.key, ref.index))
         return Plan(tuple(self.slots), rewrites)
 

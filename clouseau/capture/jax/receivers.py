@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from clouseau.capture._common import SinkCall
 from clouseau.capture.jax.plan import Plan, Slot
 from clouseau.distributed.shards import Shards
 from clouseau.ir.sink import SavedValue, Sink
@@ -55,14 +56,9 @@ def deliver(
     failing run is recorded); a negative one (a callback of a model without streams)
     begins the call here.
     """
-    call = int(np.max(call))
-    call = sink.begin_call() if call < 0 else call
-    try:
+    given = int(np.max(call))
+    with SinkCall(sink, given if given >= 0 else None) as call:
         sink.put(call, graph_id, saved_values(plan, ids, arrays, nbatch))
-    except BaseException as err:
-        sink.fail_call(call, err)
-        raise
-    sink.end_call(call)
 
 
 def put_stream(

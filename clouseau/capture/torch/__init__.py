@@ -24,8 +24,10 @@ from clouseau.ir.selection import SelectLike, check_select
 from clouseau.ir.sink import Sink
 
 __all__ = [
+    "FRONTEND",
     "InstrumentedModule",
     "Lowered",
+    "TorchFrontend",
     "instrument",
     "lower",
     "mark_leaf",
@@ -48,7 +50,7 @@ def trace(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Graph:
     Returns
     -------
     Graph
-        Frontend ``TORCH_FX`` or, when fx fails, ``TORCH_EXPORT`` (meta ``fx_error``
+        Traced by ``TORCH_FX`` or, when fx fails, ``TORCH_EXPORT`` (meta ``fx_error``
         holds why fx failed).
 
     Raises
@@ -92,8 +94,45 @@ def instrument(
     InstrumentedModule
         Called like ``model``, returning equal outputs; ``.trace(*args)`` traces eagerly.
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"instrument() takes a torch.nn.Module, not a {type(model).__name__}")
     # An invalid glob or select type fails now, not at the model's first call.
     check_select(select)
-    return InstrumentedModule(model, select, sink, intervene=intervene, grads=grads)
+    return FRONTEND.instrument(model, select=select, sink=sink, intervene=intervene, grads=grads)
+
+
+class TorchFrontend:
+    """The PyTorch frontend as a :class:`clouseau.capture.Frontend`."""
+
+    name = "torch"
+
+    def trace(self, model: torch.nn.Module, *args: Any, **kwargs: Any) -> Graph:
+        return trace(model, *args, **kwargs)
+
+    def instrument(
+        self,
+        model: torch.nn.Module,
+        *,
+        select: SelectLike,
+        sink: Sink,
+        intervene: Mapping[Any, Any] | None = None,
+        grads: Any = False,
+    ) -> InstrumentedModule:
+        # select was checked by the caller (the public API, or instrument above).
+        _check_module(model)
+        return InstrumentedModule(model, select, sink, intervene=intervene, grads=grads)
+
+    def lower(
+        self,
+        model: torch.nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        select: SelectLike,
+    ) -> Lowered:
+        return lower(model, args, kwargs, select)
+
+
+FRONTEND = TorchFrontend()
+
+
+def _check_module(model: Any) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"instrument() takes a torch.nn.Module, not a {type(model).__name__}")

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from clouseau.capture._common import SinkCall, first_line
 from clouseau.capture.torch._quiet import quiet_dynamo
 from clouseau.capture.torch.flop_ops import category
 from clouseau.capture.torch.host import to_numpy
@@ -27,7 +28,7 @@ from clouseau.capture.torch.naming import is_user_file, spec_of
 from clouseau.capture.torch.regions import RegionCompiler, RootSkipped
 from clouseau.ir.actions import Action
 from clouseau.ir.flops import category_attr
-from clouseau.ir.graph import Frontend, Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref
+from clouseau.ir.graph import Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref, TraceKind
 from clouseau.ir.selection import SelectLike, select_points
 from clouseau.ir.sink import SavedValue, Sink
 from clouseau.ir.verify import verify
@@ -57,12 +58,10 @@ class DynamicTier:
         return self.compiler.traces + self.hooks.traces
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        sink = self._sink
-        call = sink.begin_call()
         # Until the root's forward is compiled, a call may start over with hooks: the
         # random draws made before that must be drawn again alike.
         rng = None if self.compiler.root_compiled else torch.get_rng_state()
-        try:
+        with SinkCall(self._sink) as call:
             try:
                 with self.compiler.call(call), quiet_dynamo():
                     out = self.compiled(*args, **kwargs)
@@ -76,16 +75,7 @@ class DynamicTier:
                 out = self.hooks.run(call, args, kwargs)
                 skipped = _root_skipped(error)
                 self.failure = str(skipped) if skipped else f"TorchDynamo: {first_line(error)}"
-        except BaseException as error:
-            sink.fail_call(call, error)
-            raise
-        sink.end_call(call)
         return out
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def _root_skipped(error: BaseException | None) -> RootSkipped | None:
@@ -218,7 +208,7 @@ def _module_graph(
         Graph(
             nodes=tuple(nodes),
             name=type(model).__name__,
-            frontend=Frontend.TORCH_HOOKS,
+            trace_kind=TraceKind.TORCH_HOOKS,
             modules=modules,
             meta=(("training", model.training), ("tier", "hooks")),
         )

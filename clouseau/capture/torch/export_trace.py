@@ -39,7 +39,7 @@ from clouseau.capture.torch.traced import (
     name_tuple_elements,
 )
 from clouseau.ir.errors import TraceError
-from clouseau.ir.graph import Frontend, NodeKind
+from clouseau.ir.graph import NodeKind, TraceKind
 
 _WEIGHTS = {
     InputKind.PARAMETER: "parameter",
@@ -123,7 +123,7 @@ def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
 
     return Traced(
         gm=gm,
-        frontend=Frontend.TORCH_EXPORT,
+        frontend=TraceKind.TORCH_EXPORT,
         infos=name_tuple_elements(
             gm.graph, _infos(gm.graph, namer, type(model).__name__, weight_kind, marked, marks)
         ),

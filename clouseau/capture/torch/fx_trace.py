@@ -30,7 +30,7 @@ from clouseau.capture.torch.traced import (
     is_leaf,
     name_tuple_elements,
 )
-from clouseau.ir.graph import Frontend, NodeKind, Source
+from clouseau.ir.graph import NodeKind, Source, TraceKind
 
 
 class InplaceProxy(fx.Proxy):
@@ -286,7 +286,7 @@ def module_output_names(name: str, out: Any) -> list[tuple[str, fx.Proxy]]:
     return [(name, leaves[0][1]), *leaves] if leaves else []
 
 
-def tensor_params(model: torch.nn.Module, arguments: dict[str, Any]) -> tuple[str, ...]:
+def tensor_params(arguments: dict[str, Any]) -> tuple[str, ...]:
     return tuple(name for name, value in arguments.items() if has_tensor(value))
 
 
@@ -311,11 +311,11 @@ def trace_fx(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
         if node.op in ("get_attr", "call_module")
     }
     gm = fx.GraphModule(root, graph, class_name=type(model).__name__)
-    names = tensor_params(model, arguments)
+    names = tensor_params(arguments)
     infos = {node.name: _info(model, tracer, node) for node in gm.graph.nodes}
     return Traced(
         gm=gm,
-        frontend=Frontend.TORCH_FX,
+        frontend=TraceKind.TORCH_FX,
         infos=name_tuple_elements(gm.graph, infos),
         to_inputs=InputPicker(signature, names),
         from_outputs=lambda out: out,

@@ -30,7 +30,7 @@ import torch
 from clouseau.capture.torch.host import to_numpy
 from clouseau.capture.torch.names import PointNamer, element_paths
 from clouseau.capture.torch.naming import spec_of
-from clouseau.ir.graph import Frontend, Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref
+from clouseau.ir.graph import Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref, TraceKind
 from clouseau.ir.passes import insert_saves
 from clouseau.ir.selection import SelectLike, select_points
 from clouseau.ir.sink import SavedValue, Sink
@@ -269,7 +269,7 @@ class HookCapture:
             Graph(
                 nodes=tuple(nodes),
                 name=type(self._model).__name__,
-                frontend=Frontend.TORCH_HOOKS,
+                trace_kind=TraceKind.TORCH_HOOKS,
                 modules=modules,
                 meta=(("training", self._model.training), ("tier", "hooks")),
             )

@@ -73,7 +73,7 @@ def applier(action: Action) -> Callable[[torch.Tensor], torch.Tensor]:
 
 def grad_tap(node: Node, producer: str) -> Callable[[torch.Tensor], None]:
     """The fx call target of one save_grad node: registers the gradient hook, returns None."""
-    names = tuple(str(n) for n in node.attr("names"))  # type: ignore[union-attr]
+    names = node.names
 
     def clouseau_grad_tap(value: torch.Tensor) -> None:
         emit: GradEmit | None = getattr(_context, "emit", None)

@@ -12,7 +12,13 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from clouseau.capture._arguments import check_arguments
+from clouseau.capture._common import (
+    check_arguments,
+    describe_call,
+    describe_other,
+    first_line,
+    inputs_rejected,
+)
 from clouseau.capture.torch._quiet import quiet_export
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.export_trace import trace_export
@@ -27,7 +33,6 @@ from clouseau.ir.errors import TraceError
 from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import (
     AttrValue,
-    Frontend,
     Graph,
     ModuleInfo,
     Node,
@@ -36,6 +41,7 @@ from clouseau.ir.graph import (
     Ref,
     Spec,
     TensorSpec,
+    TraceKind,
 )
 from clouseau.ir.verify import verify
 
@@ -130,7 +136,7 @@ def _trace_model(
         try:
             with quiet_export():
                 traced = trace_export(model, args, kwargs)
-            traced = replace(traced, meta=(*traced.meta, ("fx_error", _first_line(fx_error))))
+            traced = replace(traced, meta=(*traced.meta, ("fx_error", first_line(fx_error))))
             facts, first = run(traced, model, args, kwargs)
         except Exception as export_error:
             if fx_infos is not None:
@@ -141,8 +147,8 @@ def _trace_model(
             raise UntraceableError(
                 _both_failed(model, fx_error, export_error),
                 (
-                    f"torch.fx: {_first_line(fx_error)}",
-                    f"torch.export: {_first_line(export_error)}",
+                    f"torch.fx: {first_line(fx_error)}",
+                    f"torch.export: {first_line(export_error)}",
                 ),
             ) from export_error
     if traced.opaque_outputs:
@@ -155,7 +161,7 @@ def _trace_model(
         )
     symbols = (
         fx_symbols(traced.gm, model, traced.to_inputs(args, kwargs))
-        if traced.frontend is Frontend.TORCH_FX
+        if traced.frontend is TraceKind.TORCH_FX
         else export_symbols(traced.gm.graph)
     )
     graph = build_graph(model, traced, facts, symbols)
@@ -228,7 +234,7 @@ def build_graph(
     graph = Graph(
         nodes=_unique_aliases(nodes, taken),
         name=type(model).__name__,
-        frontend=traced.frontend,
+        trace_kind=traced.frontend,
         modules=_modules(model),
         meta=(("training", model.training), *traced.meta),
     )
@@ -310,12 +316,6 @@ def _modules(model: torch.nn.Module) -> tuple[ModuleInfo, ...]:
     )
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    line = text.splitlines()[0] if text else ""
-    return f"{type(error).__name__}: {line}"
-
-
 def _both_failed(
     model: torch.nn.Module, fx_error: BaseException, export_error: BaseException
 ) -> str:
@@ -328,8 +328,8 @@ def _both_failed(
     at = f" at {where.file}:{where.line} ({where.code})" if where else ""
     return (
         f"cannot trace {type(model).__name__}{at}.\n"
-        f"  torch.fx failed: {_first_line(fx_error)}\n"
-        f"  torch.export failed: {_first_line(export_error)}\n"
+        f"  torch.fx failed: {first_line(fx_error)}\n"
+        f"  torch.export failed: {first_line(export_error)}\n"
         f"Fix: {_fix(export_error)}"
     )
 
@@ -356,8 +356,7 @@ def _fix(export_error: BaseException) -> str:
 
 def _describe_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """``float32[2, 4], mask=bool[2]``: the inputs of a call, for error messages."""
-    parts = [_describe(a) for a in args] + [f"{k}={_describe(v)}" for k, v in kwargs.items()]
-    return ", ".join(parts)
+    return describe_call(args, kwargs, _describe)
 
 
 def _describe(value: Any) -> str:
@@ -369,8 +368,7 @@ def _describe(value: Any) -> str:
         return f"[{inner}]" if isinstance(value, list) else f"({inner})"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k!r}: {_describe(v)}" for k, v in value.items()) + "}"
-    text = repr(value)
-    return text if len(text) <= 40 else f"{type(value).__name__}(...)"
+    return describe_other(value)
 
 
 def _inputs_rejected(
@@ -392,12 +390,11 @@ def _inputs_rejected(
         or source_from_stack()
     )
     at = f" at {where.file}:{where.line} ({where.code})" if where else ""
-    return (
-        f"cannot trace {type(model).__name__}: it fails on these inputs "
-        f"({_describe_inputs(args, kwargs)}){at}.\n"
-        f"  torch.fx traced it, but running it failed: {_first_line(fx_error)}\n"
-        f"  torch.export failed: {_first_line(export_error)}\n"
-        "Fix: pass inputs the model accepts (the shapes, dtypes and types its code and "
-        "weights expect); each new input signature is traced anew and earlier calls are "
-        "kept. If the model itself runs on these inputs, please report a clouseau bug."
+    why = (
+        f".\n  torch.fx traced it, but running it failed: {first_line(fx_error)}\n"
+        f"  torch.export failed: {first_line(export_error)}"
     )
+    message = inputs_rejected(
+        type(model).__name__, _describe_inputs(args, kwargs), at, why, expects="weights"
+    )
+    return f"{message} If the model itself runs on these inputs, please report a clouseau bug."

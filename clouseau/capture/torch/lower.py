@@ -131,7 +131,7 @@ def lower_traced(
     graph = rewritten.graph
     targets = tuple(
         SaveTarget(
-            tuple(str(n) for n in save.attr("names")),  # type: ignore[union-attr]
+            save.names,
             producer_of(graph, save.inputs[0]).node,
             _needs_host_copy(graph, traced, save),
             graph.node(producer_of(graph, save.inputs[0]).node).key,

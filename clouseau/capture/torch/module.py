@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from clouseau.capture._common import SinkCall
 from clouseau.capture._session import CaptureSession
 from clouseau.capture.torch._compat import (
     register_cache_pytrees,
@@ -298,19 +299,11 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         return entry.outputs(raw)
 
     def _put_call(self, entry: _Entry, saved: tuple[torch.Tensor, ...]) -> None:
-        sink = self._sink
-        call = sink.begin_call()
-        try:
-            sink.put(call, entry.graph_id, saved_values(entry.targets, saved))
-        except BaseException as error:
-            sink.fail_call(call, error)
-            raise
-        sink.end_call(call)
+        with SinkCall(self._sink) as call:
+            self._sink.put(call, entry.graph_id, saved_values(entry.targets, saved))
 
     def _saving_call(self, entry: _Entry, inputs: tuple[Any, ...]) -> Any:
-        sink = self._sink
-        call = sink.begin_call()
-        try:
+        with SinkCall(self._sink) as call:
             if entry.grads:
                 # The taps register gradient hooks that put into this call.
                 with emitting_grads(partial(self._put_grad, call, entry.graph_id)):
@@ -320,28 +313,18 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             if entry.unverified and entry.targets:
                 entry.verify(inputs, raw, self.model)
             if entry.targets:
-                sink.put(call, entry.graph_id, saved_values(entry.targets, raw[1]))
-        except BaseException as error:
-            sink.fail_call(call, error)
-            raise
-        sink.end_call(call)
+                self._sink.put(call, entry.graph_id, saved_values(entry.targets, raw[1]))
         return entry.outputs(raw)
 
     def _first_call(self, entry: _Entry, first: FirstRun) -> Any:
         outputs = entry.lowered.traced.traced.from_outputs(first.output)
         if entry.plain:
             return outputs
-        sink = self._sink
-        call = sink.begin_call()
-        try:
+        with SinkCall(self._sink) as call:
             if first.grads is not None:  # backward runs later: its taps put into this call
                 first.grads.emit = partial(self._put_grad, call, entry.graph_id)
             values = tuple(first.value(t.key, changed=t.changed) for t in entry.targets)
-            sink.put(call, entry.graph_id, saved_values(entry.targets, values, first=True))
-        except BaseException as error:
-            sink.fail_call(call, error)
-            raise
-        sink.end_call(call)
+            self._sink.put(call, entry.graph_id, saved_values(entry.targets, values, first=True))
         return outputs
 
     def _put_grad(

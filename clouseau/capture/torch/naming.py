@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from clouseau.capture._common import user_frame
 from clouseau.capture.torch._compat import is_op_overload
 from clouseau.ir.graph import DType, OpaqueSpec, Source, Spec, TensorSpec
 
@@ -118,19 +119,10 @@ def source_from_stack_trace(stack_trace: str | None) -> Source | None:
 
 def source_from_exception(error: BaseException) -> Source | None:
     """The innermost user frame in the traceback of ``error``."""
-    found = None
-    tb = error.__traceback__
-    while tb is not None:
-        if is_user_file(tb.tb_frame.f_code.co_filename):
-            found = tb
-        tb = tb.tb_next
-    if found is None:
+    frame = user_frame(error, lambda file: not is_user_file(file))
+    if frame is None or frame.lineno is None:
         return None
-    code = found.tb_frame.f_code
-    import linecache
-
-    line = linecache.getline(code.co_filename, found.tb_lineno).strip()
-    return Source(code.co_filename, found.tb_lineno, code.co_name, line)
+    return Source(frame.filename, frame.lineno, frame.name, (frame.line or "").strip())
 
 
 def target_name(target: Any) -> str:

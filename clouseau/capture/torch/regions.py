@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from clouseau.capture._common import SinkCall
 from clouseau.capture.torch._compat import dynamo_frame_module
 from clouseau.capture.torch.host import to_numpy
 from clouseau.capture.torch.ir_build import TracedModel, build_graph
@@ -38,7 +39,7 @@ from clouseau.capture.torch.stack_names import stack_infos
 from clouseau.capture.torch.symbolic import export_symbols
 from clouseau.capture.torch.traced import NodeInfo, Traced
 from clouseau.ir.actions import Action
-from clouseau.ir.graph import Frontend, NodeKind, Point
+from clouseau.ir.graph import NodeKind, Point, TraceKind
 from clouseau.ir.selection import SelectLike, Selector, as_selector
 from clouseau.ir.sink import SavedValue, Sink
 
@@ -154,9 +155,8 @@ class RegionCompiler:
         if call is not None:
             self._sink.put(call, region.graph_id, values)
         else:  # compiled on its own: each region run is a call
-            call = self._sink.begin_call()
-            self._sink.put(call, region.graph_id, values)
-            self._sink.end_call(call)
+            with SinkCall(self._sink) as call:
+                self._sink.put(call, region.graph_id, values)
         return outputs
 
     def _frame(self) -> tuple[str, str]:
@@ -207,7 +207,7 @@ class RegionCompiler:
         infos = stack_infos(gm.graph, root_type, weights, inputs)
         return Traced(
             gm=gm,
-            frontend=Frontend.TORCH_DYNAMO,
+            frontend=TraceKind.TORCH_DYNAMO,
             infos=self._global(infos),
             to_inputs=lambda args, kwargs: tuple(args),
             from_outputs=lambda out: out,

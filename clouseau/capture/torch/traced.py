@@ -22,7 +22,7 @@ import torch.fx as fx
 
 from clouseau.capture.torch._compat import tree_leaves
 from clouseau.capture.torch.naming import function_op, is_leaf_class
-from clouseau.ir.graph import AttrValue, Frontend, NodeKind, Source
+from clouseau.ir.graph import AttrValue, NodeKind, Source, TraceKind
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Traced:
     """
 
     gm: fx.GraphModule
-    frontend: Frontend
+    frontend: TraceKind
     infos: Mapping[str, NodeInfo]
     to_inputs: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
     from_outputs: Callable[[Any], Any]

@@ -73,7 +73,7 @@ def build_payload(data: ExploreInput) -> dict[str, object]:
     depth = data.depth if data.depth is not None else _open_depth(groups)
     payload: dict[str, object] = {
         "title": data.title or graph.name or "graph",
-        "frontend": graph.frontend.value,
+        "frontend": graph.trace_kind.value,
         "nodes": nodes,
         "groups": [_group_json(g) for g in groups],
         "points": points,
