@@ -199,6 +199,29 @@ def test_t5_a_decoder_only_selection_keeps_the_encoder_call() -> None:
     assert fmodel.captured.calls == (1, 2, 3, 4)
 
 
+def test_t5_interventions_on_the_encoder_and_the_decoder() -> None:
+    # Each pattern picks points of one side only; both apply, as forward hooks would.
+    model, paths = _t5()
+    changed = ["encoder.block.0.layer.0.SelfAttention.o", "decoder.block.1.layer.0.SelfAttention.o"]
+    handles = [
+        model.get_submodule(p).register_forward_hook(lambda m, a, out: out * 0.5) for p in changed
+    ]
+    kwargs = {"input_ids": _prompt(batch=2), "max_new_tokens": 5, "do_sample": False}
+    try:
+        expected, steps = _hooked_generate(model, paths, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    fmodel = clouseau.instrument(
+        model, select=lambda p: p.name in paths, path=None,
+        intervene={p: clouseau.scale(0.5) for p in changed},
+    )  # fmt: skip
+    assert torch.equal(fmodel.generate(**kwargs), expected)
+    for call, step in enumerate(steps):
+        for path in step:
+            assert_same(fmodel.captured.get(path, call=call), step[path])
+
+
 def test_t5_a_glob_matching_nowhere_is_an_error() -> None:
     model, _ = _t5()
     fmodel = clouseau.instrument(model, select="*.softmax", path=None)

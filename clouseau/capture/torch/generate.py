@@ -80,10 +80,13 @@ def _encoder_routed(fmodel: Any, model: torch.nn.Module) -> Iterator[None]:
     if not path:
         yield
         return
-    encoder, select = found[0], fmodel._select
-    lenient, sink = _Lenient(select), _CallCounter(fmodel._sink)
+    encoder, select, intervene = found[0], fmodel._select, fmodel._intervene
+    # Each pattern may pick points of the encoder run only, or of the decoder steps only.
+    lenient = _Lenient(select)
+    changes = {_Lenient(k): a for k, a in intervene.items()} if intervene else intervene
+    sink = _CallCounter(fmodel._sink)
     # A fresh one per generate: the encoder runs once, so its trace is not reused.
-    traced = type(fmodel)(_AtPath(path, encoder), lenient, sink, fmodel._intervene, fmodel._grads)
+    traced = type(fmodel)(_AtPath(path, encoder), lenient, sink, changes, fmodel._grads)
     own = encoder.__dict__.get("forward")
     config = getattr(encoder, "config", None)
 
@@ -99,14 +102,15 @@ def _encoder_routed(fmodel: Any, model: torch.nn.Module) -> Iterator[None]:
             sink.end_call(sink.begin_call())
         return out
 
-    encoder.forward, fmodel._select = run, lenient
+    encoder.forward, fmodel._select, fmodel._intervene = run, lenient, changes
     try:
         yield
     finally:
         _set_forward(encoder, own)
-        fmodel._select = select
+        fmodel._select, fmodel._intervene = select, intervene
         fmodel._traces += traced.traces
-    lenient.check(model)
+    for pattern in (lenient, *(changes or ())):
+        pattern.check(model)
 
 
 class _CallCounter:
@@ -141,6 +145,9 @@ class _Lenient:
         chosen = frozenset(select_points(graph, self.select, strict=False))
         self._picked = self._picked or bool(chosen)
         return (lambda point: point in chosen) if chosen else []
+
+    def __repr__(self) -> str:
+        return repr(self.select)
 
     def check(self, model: torch.nn.Module) -> None:
         missed = [g for g in self._globs if g not in self._met]
