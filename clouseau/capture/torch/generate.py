@@ -82,7 +82,7 @@ def _encoder_routed(fmodel: Any, model: torch.nn.Module) -> Iterator[None]:
         return
     encoder, select, intervene = found[0], fmodel._select, fmodel._intervene
     # Each pattern may pick points of the encoder run only, or of the decoder steps only.
-    lenient = _Lenient(select)
+    lenient = _Lenient(select) if _picks(select) else select
     changes = {_Lenient(k): a for k, a in intervene.items()} if intervene else intervene
     sink = _CallCounter(fmodel._sink)
     # A fresh one per generate: the encoder runs once, so its trace is not reused.
@@ -110,7 +110,8 @@ def _encoder_routed(fmodel: Any, model: torch.nn.Module) -> Iterator[None]:
         fmodel._select, fmodel._intervene = select, intervene
         fmodel._traces += traced.traces
     for pattern in (lenient, *(changes or ())):
-        pattern.check(model)
+        if isinstance(pattern, _Lenient):
+            pattern.check(model)
 
 
 class _CallCounter:
@@ -158,6 +159,12 @@ class _Lenient:
                 "steps; list every name with clouseau.trace(model, *args).names() (the "
                 "encoder's with clouseau.trace(model.get_encoder(), *args), under 'encoder.')"
             )
+
+
+def _picks(select: SelectLike) -> bool:
+    """Whether ``select`` is meant to pick something (not None, not an empty list)."""
+    empty = isinstance(select, Sequence) and not isinstance(select, str) and not select
+    return select is not None and not empty
 
 
 def _positive_globs(select: SelectLike) -> tuple[str, ...]:
