@@ -157,6 +157,78 @@ def test_t5_encoder_decoder_generation() -> None:
     assert cap.get("decoder.block.1", call=1).shape[:2] == (2, 1)
 
 
+def test_t5_traced_selection() -> None:
+    model, paths = _t5()
+    # A callable takes the traced path: the encoder run is call 0 there too, its points
+    # named as in the whole model; the decoder steps share traces (the first step, the
+    # second, then one dynamic export for every later step) beside the encoder's one.
+    cap = _check(
+        model, paths, traced=True, traces=4,
+        input_ids=_prompt(batch=2), max_new_tokens=8, do_sample=False,
+    )  # fmt: skip
+    assert cap.calls == tuple(range(1 + 8))
+    assert cap.get("encoder.block.1", call=0).shape[:2] == (2, 5)
+
+
+def test_t5_op_globs_pick_encoder_and_decoder_points() -> None:
+    model, paths = _t5()
+    kwargs = {"input_ids": _prompt(batch=2), "max_new_tokens": 6, "do_sample": False}
+    expected, steps = _hooked_generate(model, paths, **kwargs)
+    fmodel = clouseau.instrument(
+        model, select=["*.scaled_dot_product_attention", *paths], path=None
+    )
+    assert torch.equal(fmodel.generate(**kwargs), expected)
+    cap = fmodel.captured
+    assert cap.calls == tuple(range(len(steps)))
+    for call, step in enumerate(steps):
+        for path in step:
+            assert_same(cap.get(path, call=call), step[path])
+    attention = "block.1.layer.0.SelfAttention.scaled_dot_product_attention"
+    assert cap.calls_of("encoder." + attention) == (0,)
+    assert cap.calls_of("decoder." + attention) == tuple(range(1, len(steps)))
+    assert fmodel.traces <= 4
+
+
+def test_t5_a_decoder_only_selection_keeps_the_encoder_call() -> None:
+    # The encoder run saves nothing, yet it is call 0: decoder step k is call k + 1,
+    # as on the hook path.
+    model, _ = _t5()
+    kwargs = {"input_ids": _prompt(batch=1), "max_new_tokens": 4, "do_sample": False}
+    fmodel = clouseau.instrument(model, select="decoder.*.scaled_dot_product_attention", path=None)
+    fmodel.generate(**kwargs)
+    assert fmodel.captured.calls == (1, 2, 3, 4)
+
+
+def test_t5_interventions_on_the_encoder_and_the_decoder() -> None:
+    # Each pattern picks points of one side only; both apply, as forward hooks would.
+    model, paths = _t5()
+    changed = ["encoder.block.0.layer.0.SelfAttention.o", "decoder.block.1.layer.0.SelfAttention.o"]
+    handles = [
+        model.get_submodule(p).register_forward_hook(lambda m, a, out: out * 0.5) for p in changed
+    ]
+    kwargs = {"input_ids": _prompt(batch=2), "max_new_tokens": 5, "do_sample": False}
+    try:
+        expected, steps = _hooked_generate(model, paths, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    fmodel = clouseau.instrument(
+        model, select=lambda p: p.name in paths, path=None,
+        intervene={p: clouseau.scale(0.5) for p in changed},
+    )  # fmt: skip
+    assert torch.equal(fmodel.generate(**kwargs), expected)
+    for call, step in enumerate(steps):
+        for path in step:
+            assert_same(fmodel.captured.get(path, call=call), step[path])
+
+
+def test_t5_a_glob_matching_nowhere_is_an_error() -> None:
+    model, _ = _t5()
+    fmodel = clouseau.instrument(model, select="*.softmax", path=None)
+    with pytest.raises(clouseau.SelectionError, match=r"'\*\.softmax' matched no point"):
+        fmodel.generate(input_ids=_prompt(), max_new_tokens=2, do_sample=False)
+
+
 def test_generate_needs_a_generation_model() -> None:
     fmodel = clouseau.instrument(torch.nn.Linear(2, 2), select="*", path=None)
     with pytest.raises(AttributeError, match="has no generate"):

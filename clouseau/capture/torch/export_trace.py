@@ -12,6 +12,7 @@ Weights used only inside built-in modules are left out of the IR, as in the fx g
 from __future__ import annotations
 
 import inspect
+from collections import OrderedDict
 from contextvars import ContextVar
 from typing import Any
 
@@ -180,7 +181,9 @@ def _auto_dims(value: Any) -> Any:
         return {i: torch.export.Dim.AUTO for i in range(value.dim())}
     if isinstance(value, list | tuple):
         return type(value)(_auto_dims(v) for v in value)
-    if isinstance(value, dict):
+    # A dict subclass registered on its own (a ModelOutput such as the encoder_outputs of
+    # an encoder-decoder's step) takes the spec of its flattened children, as a cache does.
+    if type(value) is dict or type(value) is OrderedDict:
         return {k: _auto_dims(v) for k, v in value.items()}
     children = pytree_children(value)  # a cache: the spec follows its flattened children
     return [_auto_dims(c) for c in children] if children is not None else None
