@@ -28,8 +28,8 @@ import numpy as np
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
 from clouseau.store.capture import Capture, Entry, Record
-from clouseau.store.directory import GRAPH_PATTERN
 from clouseau.store.files import write_json
+from clouseau.store.layout import graph_file
 from clouseau.store.progress import Batch
 from clouseau.store.reader import read_graph
 from clouseau.store.safetensors_io import read_array, read_header
@@ -209,7 +209,7 @@ def _check_disjoint(root: Path, blocks: Sequence[Block]) -> None:
 
 def _part_graphs(part: Path) -> list[Graph]:
     graphs = []
-    while (file := part / GRAPH_PATTERN.format(len(graphs))).is_file():
+    while (file := part / graph_file(len(graphs))).is_file():
         graphs.append(read_graph(file))
     return graphs
 

@@ -37,9 +37,9 @@ from clouseau.distributed.blocks import (
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.selection import SelectLike, check_select
 from clouseau.store.capture import encode_record
-from clouseau.store.directory import FORMAT as STORE_FORMAT
 from clouseau.store.directory import capture_path
 from clouseau.store.files import write_json
+from clouseau.store.layout import FORMAT as STORE_FORMAT
 from clouseau.store.lock import DirectoryLock
 from clouseau.store.safetensors_io import write_file
 
