@@ -197,7 +197,8 @@ class _Worker:
         done: Mapping[str, Any],
     ) -> None:
         from clouseau.capture import frontend_for
-        from clouseau.dataset.sink import BatchSink, graph_file
+        from clouseau.dataset.sink import BatchSink
+        from clouseau.store.layout import graph_file
 
         self.root, self.id_column = Path(root), id_column
         self.done = {name: Block.from_json(b) for name, b in done.items()}
@@ -210,7 +211,7 @@ class _Worker:
         self.is_jax = frontend.__name__.endswith(".jax")
 
         def write_graph(graph_id: int, graph: Any) -> None:
-            write_json(graph_file(self.part, graph_id), graph.to_json(), replace=True)
+            write_json(self.part / graph_file(graph_id), graph.to_json(), replace=True)
 
         self.sink = BatchSink(self.part, (), write_graph)
         self.fmodel = frontend.instrument(

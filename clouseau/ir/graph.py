@@ -149,7 +149,7 @@ class TraceKind(enum.Enum):
     TORCH_FX = "torch.fx"
     TORCH_EXPORT = "torch.export"
     TORCH_DYNAMO = "torch.dynamo"  # one graph per region between Dynamo's graph breaks
-    TORCH_HOOKS = "torch.hooks"  # module outputs through forward hooks: the last resort
+    TORCH_HOOKS = "torch.hooks"  # module outputs through forward hooks, no trace
     JAX = "jax"
 
 

@@ -268,7 +268,9 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         if hooks:  # module outputs only: forward hooks, no trace (hooks_tier.py)
             return hooks.run(self.model, args, kwargs)
         out = self._run(args, kwargs)
-        if self._root_hooks and self._tier is None:  # the graph holds the model's forward only
+        # The graph holds the model's forward only, so its own forward hooks run around it;
+        # not beside pre-hooks (FSDP2's fully_shard), which a graph cannot run in order.
+        if self._root_hooks and self._tier is None and not self.model._forward_pre_hooks:
             model = self.model
             kw = set(model._forward_hooks_with_kwargs)
             return run_hooks(model, self._root_hooks, kw, args, kwargs, out)
