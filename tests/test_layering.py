@@ -84,7 +84,10 @@ def _in(name: str, package: str) -> bool:
     ("importer", "forbidden"),
     [
         ("clouseau.ir", ("clouseau.capture", "clouseau.store", "clouseau.exporters")),
-        ("clouseau.capture", ("clouseau.exporters", "clouseau.store")),
+        (
+            "clouseau.capture",
+            ("clouseau.exporters", "clouseau.store", "clouseau.distributed", "clouseau.dataset"),
+        ),
         ("clouseau.store", ("clouseau.capture", "clouseau.exporters")),
         ("clouseau.exporters", ("clouseau.capture",)),
     ],

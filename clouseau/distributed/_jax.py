@@ -4,7 +4,7 @@ and globally sharded arrays brought to the host as the shards this process holds
 In JAX's multi-controller runtime every process runs every call (SPMD) on its own devices:
 a value that is a globally sharded ``jax.Array`` is on no host whole. Each process writes
 the shards it holds (replica 0 of each only: once per shard over all processes) with their
-place in the global array (:mod:`clouseau.distributed.shards`), and ``clouseau.load``
+place in the global array (:mod:`clouseau.capture.jax.processes`, :mod:`clouseau.distributed.shards`), and ``clouseau.load``
 reassembles the global array. The calls keep their numbers (every process makes them all).
 """
 
@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from clouseau.distributed.parts import Group
-from clouseau.distributed.shards import Shards
 
 _GATHER_TIMEOUT_MS = 10 * 60 * 1000
 _gathers = itertools.count()  # every process gathers in the same order: the n-th is one key
@@ -31,11 +30,6 @@ def _client() -> Any:
     except ImportError:  # JAX without the frontend's extras: no JAX model to capture
         return None
     return distributed_client()
-
-
-def multiprocess() -> bool:
-    """Whether this process is one of several of ``jax.distributed``."""
-    return _client() is not None
 
 
 def jax_group() -> Group | None:
@@ -58,30 +52,3 @@ def jax_group() -> Group | None:
         ]
 
     return Group("jax.distributed", rank, world, gather, interleave=False)
-
-
-def to_host(values: Sequence[Any]) -> list[Any]:
-    """``jax.device_get`` of each value; a value no process holds whole becomes the
-    :class:`Shards` this process writes (replica 0 of each shard it holds)."""
-    import jax
-    import numpy as np
-
-    out: list[Any] = []
-    for value in values:
-        if not isinstance(value, jax.Array) or value.is_fully_addressable:
-            out.append(jax.device_get(value))
-            continue
-        held = tuple(
-            (_bounds(shard.index, value.shape), np.asarray(shard.data))
-            for shard in value.addressable_shards
-            if shard.replica_id == 0
-        )
-        out.append(Shards(tuple(value.shape), np.dtype(value.dtype), held))
-    return out
-
-
-def _bounds(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    return tuple(
-        (s.start or 0, dim if s.stop is None else s.stop)
-        for s, dim in zip(index, shape, strict=True)
-    )

@@ -18,35 +18,11 @@ from typing import Any
 import numpy as np
 
 from clouseau.ir.errors import CaptureError
-from clouseau.ir.sink import SavedValue
+from clouseau.ir.sink import Bounds, SavedValue, Shards
 from clouseau.store.capture import Capture, Entry
 from clouseau.store.files import write_json
 
 SHARDS_FILE = "shards.json"
-Bounds = tuple[tuple[int, int], ...]
-
-
-@dataclass(frozen=True)
-class Shards:
-    """The shards one process holds of a global array: ``(bounds, data)`` per shard,
-    ``bounds`` a ``(start, stop)`` per axis of the global ``shape``."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    held: tuple[tuple[Bounds, np.ndarray], ...]
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def __getitem__(self, index: object) -> Any:
-        # The host splits a value saved inside scan or while by iteration; the shards of
-        # one held by several processes are not split.
-        raise CaptureError(
-            "a point saved inside scan or while loops holds a value sharded over "
-            "several JAX processes, which clouseau cannot split by iteration; select "
-            "points outside the loop, or capture in one process"
-        )
 
 
 class ShardLog:

@@ -11,7 +11,38 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
+
+#: ``(start, stop)`` per axis of a global array.
+Bounds = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Shards:
+    """The shards one process holds of an array sharded over several processes (JAX's
+    multi-controller runtime): ``(bounds, data)`` per shard of the global ``shape``.
+
+    A frontend hands it to the sink as a :class:`SavedValue`'s array; the distributed
+    store writes it shard by shard and reassembles the global array when read.
+    """
+
+    shape: tuple[int, ...]
+    dtype: Any  # a numpy dtype
+    held: tuple[tuple[Bounds, Any], ...]  # (bounds, numpy array) per shard
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, index: object) -> Any:
+        # The host splits a value saved inside scan or while by iteration; the shards of
+        # one held by several processes are not split.
+        raise CaptureError(
+            "a point saved inside scan or while loops holds a value sharded over "
+            "several JAX processes, which clouseau cannot split by iteration; select "
+            "points outside the loop, or capture in one process"
+        )
 
 
 @dataclass(frozen=True)

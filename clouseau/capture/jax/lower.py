@@ -36,7 +36,7 @@ from clouseau.capture.jax import receivers
 from clouseau.capture.jax.interpret import Stream, run
 from clouseau.capture.jax.jaxpr_trace import Traced
 from clouseau.capture.jax.plan import Plan, Rewrite, make_plan
-from clouseau.distributed._jax import multiprocess, to_host
+from clouseau.capture.jax.processes import multiprocess, to_host
 from clouseau.ir.errors import TraceError
 from clouseau.ir.graph import Graph
 from clouseau.ir.sink import Sink

@@ -16,8 +16,7 @@ import numpy as np
 
 from clouseau.capture._common import SinkCall
 from clouseau.capture.jax.plan import Plan, Slot
-from clouseau.distributed.shards import Shards
-from clouseau.ir.sink import SavedValue, Sink
+from clouseau.ir.sink import SavedValue, Shards, Sink
 
 # Where each value of a callback is in its packed arguments: (argument, offset, shape).
 Layout = tuple[tuple[int, int, tuple[int, ...]], ...]
