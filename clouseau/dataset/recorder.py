@@ -281,16 +281,7 @@ class _Recorder:
             self._submit()
 
     def _forward(self, batch: Any) -> None:
-        if self.is_jax:
-            import jax
-
-            self.forward(self.fmodel, batch)
-            jax.effects_barrier()  # saves made inside a jit arrive by host callback
-            return
-        import torch
-
-        with torch.no_grad():
-            self.forward(self.fmodel, batch)
+        run_forward(self.forward, self.fmodel, batch, self.is_jax)
 
     def _skip(self, index: int, start: int, stop: int, digest: str, err: BaseException) -> None:
         self.sink.fail_call(index, err)
@@ -454,3 +445,17 @@ def _read_graphs(root: Path) -> list[Graph]:
     while (file := root / graph_file(len(graphs))).is_file():
         graphs.append(Graph.from_json(read_json(file)))
     return graphs
+
+
+def run_forward(forward: Any, fmodel: Any, batch: Any, is_jax: bool) -> None:
+    """One batch through ``forward(fmodel, batch)``, its saves all delivered on return."""
+    if is_jax:
+        import jax
+
+        forward(fmodel, batch)
+        jax.effects_barrier()  # saves made inside a jit arrive by host callback
+        return
+    import torch
+
+    with torch.no_grad():
+        forward(fmodel, batch)

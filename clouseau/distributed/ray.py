@@ -208,7 +208,7 @@ class _Worker:
         write_json(self.part / PART_FILE, about, replace=True)
         model = model_factory()
         frontend = frontend_for(model)
-        self.is_jax = frontend.__name__.endswith(".jax")
+        self.is_jax = frontend.name == "jax"
 
         def write_graph(graph_id: int, graph: Any) -> None:
             write_json(self.part / graph_file(graph_id), graph.to_json(), replace=True)
@@ -249,16 +249,9 @@ class _Worker:
         return {k: torch.from_numpy(np.array(v)) for k, v in batch.items()}
 
     def _run(self, batch: dict[str, Any]) -> None:
-        if self.is_jax:
-            import jax
+        from clouseau.dataset.recorder import run_forward
 
-            self.forward(self.fmodel, batch)
-            jax.effects_barrier()  # saves made inside a jit arrive by host callback
-            return
-        import torch
-
-        with torch.no_grad():
-            self.forward(self.fmodel, batch)
+        run_forward(self.forward, self.fmodel, batch, self.is_jax)
 
 
 def _default_forward(fmodel: Any, batch: dict[str, Any]) -> Any:
