@@ -23,15 +23,13 @@ import torch.distributed as dist
 import clouseau
 
 
-def model(width: int) -> torch.nn.Module:
+def model(width: int, depth: int = 2) -> torch.nn.Module:
+    """An MLP of ``depth`` hidden layers; the points ``1`` and ``3`` are the first two's GELUs."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(64, width),
-        torch.nn.GELU(),
-        torch.nn.Linear(width, width),
-        torch.nn.GELU(),
-        torch.nn.Linear(width, 64),
-    ).eval()
+    hidden = [torch.nn.Linear(64, width), torch.nn.GELU()]
+    for _ in range(depth - 1):
+        hidden += [torch.nn.Linear(width, width), torch.nn.GELU()]
+    return torch.nn.Sequential(*hidden, torch.nn.Linear(width, 64)).eval()
 
 
 def batch(index: int, size: int) -> torch.Tensor:
@@ -44,6 +42,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--depth", type=int, default=2, help="hidden layers (at least 2)")
     parser.add_argument("--fsdp", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -53,7 +52,7 @@ def main() -> None:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
-    net = model(args.width)
+    net = model(args.width, args.depth)
     if args.fsdp:
         from torch.distributed.fsdp import fully_shard
 

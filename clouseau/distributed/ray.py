@@ -16,6 +16,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,9 @@ from clouseau.store.safetensors_io import write_file
 ROW = "__clouseau_row"
 Forward = Callable[[Any, dict[str, Any]], Any]
 _MANIFEST_EVERY_S = 2.0
+# Batches an actor gets from Ray at once: it writes each one's file while it runs the
+# next, and reports them all once written (a report must never precede its file).
+_BATCHES_PER_CALL = 8
 
 
 def record(
@@ -85,8 +89,9 @@ def record(
         numpy columns. Default: with one column, ``fmodel(column)``, else
         ``fmodel(**columns)``, each column as a torch tensor (a JAX array for JAX).
     id_column
-        A column holding a unique integer per row (``ray.data.range``'s ``"id"``); None:
-        rows are numbered by their order (``Dataset.zip`` with a range).
+        A column holding a unique integer per row (``ray.data.range``'s ``"id"``), which
+        numbers the rows instead of their order and is not passed to the model; None: rows
+        are numbered by their order (``Dataset.zip`` with a range).
     resume
         Keep the blocks already written in ``path`` by the same run and run the rest.
     num_cpus
@@ -127,8 +132,9 @@ def record(
                 "root": str(root), "model_factory": model_factory, "select": select,
                 "forward": forward, "id_column": id_column,
                 "done": {name: b.to_json() for name, b in done.items()},
+                "batch_size": batch_size,
             },
-            batch_size=batch_size, batch_format="numpy",
+            batch_size=batch_size and batch_size * _BATCHES_PER_CALL, batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=concurrency), num_cpus=num_cpus,
         )  # fmt: skip
         blocks = dict(done)
@@ -195,6 +201,7 @@ class _Worker:
         forward: Forward | None,
         id_column: str | None,
         done: Mapping[str, Any],
+        batch_size: int | None,
     ) -> None:
         from clouseau.capture import frontend_for
         from clouseau.dataset.sink import BatchSink
@@ -202,6 +209,8 @@ class _Worker:
 
         self.root, self.id_column = Path(root), id_column
         self.done = {name: Block.from_json(b) for name, b in done.items()}
+        self.batch_size = batch_size
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix="clouseau-blocks")
         self.part = self.root / f"part-{uuid.uuid4().hex[:12]}"
         self.part.mkdir()
         about = {"format": FORMAT, "engine": "ray", "pid": os.getpid()}
@@ -220,23 +229,44 @@ class _Worker:
         self.forward = forward or _default_forward
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows = batch[self.id_column] if self.id_column else batch.pop(ROW)
-        name = block_file(rows)
-        if name in self.done:  # resumed: written by an earlier run
-            return _report(self.done[name])
-        block = Block(self.part.name, name, row_ranges(rows))
+        rows = batch.pop(self.id_column or ROW)  # row numbers, not an input of the model
+        size = self.batch_size or len(rows)
+        blocks, writing = [], None
+        try:
+            for start in range(0, len(rows), size):
+                piece = slice(start, start + size)
+                name = block_file(rows[piece])
+                if name in self.done:  # resumed: written by an earlier run
+                    blocks.append(self.done[name])
+                    continue
+                block = Block(self.part.name, name, row_ranges(rows[piece]))
+                items = self._saved({k: v[piece] for k, v in batch.items()})
+                if writing is not None:
+                    writing.result()  # one file in flight: memory stays bounded
+                writing = self.writer.submit(self._write, block, items)
+                blocks.append(block)
+        finally:
+            if writing is not None:
+                writing.result()
+        return {"block": np.array([json.dumps(b.to_json()) for b in blocks])}
+
+    def _saved(self, batch: dict[str, np.ndarray]) -> list[tuple[Any, np.ndarray]]:
+        """Run the model on one batch; the records and arrays it saved."""
+        from clouseau.dataset.recorder import run_forward
+
         self.sink.start_batch(0)
         try:
-            self._run(self._inputs(batch))
+            run_forward(self.forward, self.fmodel, self._inputs(batch), self.is_jax)
             self.sink.end_batch()
-            items = self.sink.buffer
+            return self.sink.buffer
         finally:
             self.sink.buffer, self.sink.buffer_bytes = [], 0
+
+    def _write(self, block: Block, items: list[tuple[Any, np.ndarray]]) -> None:
         records = "[" + ",".join(encode_record(r) for r, _ in items) + "]"
         meta = {"format": STORE_FORMAT, "clouseau": records}
         meta["clouseau.rows"] = json.dumps([list(r) for r in block.rows])
-        write_file(self.part / name, [(r.key, a) for r, a in items], meta)
-        return _report(block)
+        write_file(self.part / block.file, [(r.key, a) for r, a in items], meta)
 
     def _inputs(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         if self.is_jax:
@@ -248,20 +278,11 @@ class _Worker:
         # A copy: Ray's batches are read-only views of its object store.
         return {k: torch.from_numpy(np.array(v)) for k, v in batch.items()}
 
-    def _run(self, batch: dict[str, Any]) -> None:
-        from clouseau.dataset.recorder import run_forward
-
-        run_forward(self.forward, self.fmodel, batch, self.is_jax)
-
 
 def _default_forward(fmodel: Any, batch: dict[str, Any]) -> Any:
     if len(batch) == 1:
         return fmodel(next(iter(batch.values())))
     return fmodel(**batch)
-
-
-def _report(block: Block) -> dict[str, np.ndarray]:
-    return {"block": np.array([json.dumps(block.to_json())])}
 
 
 __all__ = ["record"]

@@ -138,6 +138,18 @@ def test_ray_record_equals_one_process_and_survives_a_killed_actor(cluster, tmp_
 
 
 @SLOW
+def test_an_id_column_numbers_the_rows_and_is_not_an_input(cluster, tmp_path) -> None:
+    rows = torch.cat(workload.batches()).numpy()
+    items = [{"x": row, "n": i} for i, row in enumerate(rows)]
+    dataset = ray.data.from_items(items, override_num_blocks=3)
+    cap = clouseau.ray.record(
+        dataset, workload.model, select=workload.SELECT, path=tmp_path / "run",
+        concurrency=2, batch_size=workload.BATCH_SIZE, num_cpus=0.5, id_column="n",
+    )  # fmt: skip
+    _assert_equals_single_process(cap, tmp_path)  # the model saw x alone: one column
+
+
+@SLOW
 def test_the_example_runs_as_is(cluster, tmp_path, monkeypatch, capsys) -> None:
     # In this process's cluster (the example starts one only when none is running).
     monkeypatch.setattr(sys, "argv", ["record_ray.py", str(tmp_path / "run"), "--batches", "4"])

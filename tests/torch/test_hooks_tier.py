@@ -52,7 +52,14 @@ def _resnet() -> tuple[torch.nn.Module, tuple[Any, ...], list[str]]:
     return model, (torch.randn(2, 3, 32, 32),), select
 
 
-@pytest.mark.parametrize("make", [_gpt2, _bert, _resnet])
+def _sequential() -> tuple[torch.nn.Module, tuple[Any, ...], list[str]]:
+    inner = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
+    layers = [torch.nn.Linear(4, 8), torch.nn.GELU(), inner, torch.nn.ReLU(inplace=True)]
+    # Dotless names: "1" is the outer GELU and inner's ("2.1"); "3" changes "2" in place.
+    return torch.nn.Sequential(*layers).eval(), (torch.randn(3, 4),), ["1", "3"]
+
+
+@pytest.mark.parametrize("make", [_gpt2, _bert, _resnet, _sequential])
 def test_hooks_name_and_save_what_the_trace_does(make: Any) -> None:
     torch.manual_seed(0)
     model, args, select = make()
@@ -109,6 +116,10 @@ def test_a_failing_call_is_recorded_as_failed() -> None:
         ("layer1.0.relu_1", True),
         ("layer1.0:0", True),
         ("relu", False),  # dotless: also every relu op
+        ("layer1", True),  # dotless, no torch function's name: the module's last component
+        ("downsample", True),  # every block's downsample
+        ("layer*", False),
+        ("fc_1", False),  # not a module: maybe a second call
         ("layer1.*.relu", False),  # a wildcard and a torch function's name: maybe an op
         ("layer1.0.*", False),
         ("layer1.0.add", False),  # not a module

@@ -43,10 +43,12 @@ _REPEAT = re.compile(r"_[0-9]+$")
 def module_paths_selected(model: torch.nn.Module, select: SelectLike) -> tuple[str, ...] | None:
     """The module paths whose outputs ``select`` may pick, or None if it may pick others.
 
-    Only globs are judged (a callable or a Selector may pick anything): each positive glob
-    must have a dot (a dotless glob also matches op names, ``"relu*"``), a last component
-    without wildcards, and name a module of ``model`` once a ``:<element>`` and a ``_<k>``
-    repeat suffix are set aside. An op is named ``<module path>.<op>`` and a module path
+    Only globs are judged (a callable or a Selector may pick anything). A dotless glob
+    matches a last name component at any depth or an op (``"relu*"``): it must have no
+    wildcards, not be a torch function's name, and be the last component of module paths
+    (``"3"`` in a ``Sequential``). A glob with a dot must have a last component without
+    wildcards and name a module of ``model`` once a ``:<element>`` and a ``_<k>`` repeat
+    suffix are set aside. An op is named ``<module path>.<op>`` and a module path
     is never an op's name, so such a glob matches module outputs only; a glob with
     wildcards could also reach ``<other path>.<op>``, so its last component must not be
     the name of a torch function or operator (``"blocks.*.relu"`` is traced).
@@ -63,7 +65,15 @@ def module_paths_selected(model: torch.nn.Module, select: SelectLike) -> tuple[s
     for glob in positive:
         base = glob.split(":", 1)[0]
         last = base.rsplit(".", 1)[-1]
-        if "." not in base or _WILD.search(last):
+        if "." not in base:  # a last name component at any depth, or an op
+            if _WILD.search(base) or _is_op_name(base):
+                return None
+            hits = [p for p in paths if p.rsplit(".", 1)[-1] == base]
+            if not hits:
+                return None
+            found.update(dict.fromkeys(hits))
+            continue
+        if _WILD.search(last):
             return None
         if _WILD.search(base) and _is_op_name(_REPEAT.sub("", last)):
             return None
