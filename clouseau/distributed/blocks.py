@@ -1,12 +1,15 @@
 """A capture written block by block by workers that may die and be retried (Ray Data).
 
 Each worker writes a part of its own (``part-<id>/``: its graphs and ``part.json``) and one
-file per block of rows it ran, named by the block's rows (``block-<first>-<digest>``) and
-written atomically, so a block is on disk whole or not at all. A worker killed after it
-wrote a block but before it reported it makes the engine run the block again, elsewhere:
-the same block may then be in two parts. ``manifest.json`` (format ``clouseau.blocks/1``)
-lists each block once, with the part that holds it; the reader keeps only those. Calls are
-numbered by the blocks' first rows: call ``i`` is the ``i``-th block of the data.
+file per block of rows it ran, written atomically, so a block is on disk whole or not at
+all. A block is named by its rows when the data numbers them (``block-<first>-<digest>``,
+the same name when it runs again), else by a digest of its content and a nonce
+(``block-c<digest>-<nonce>``), the rows being numbered by the driver in the order of the
+data. A worker killed after it wrote a block but before it reported it makes the engine
+run the block again, elsewhere: the same block may then be in two parts. ``manifest.json``
+(format ``clouseau.blocks/1``) lists each block once, with the part that holds it and its
+rows; the reader keeps only those. Calls are numbered by the blocks' first rows: call
+``i`` is the ``i``-th block of the data.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import itertools
 import json
 import re
 import shutil
+import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -37,7 +41,8 @@ from clouseau.store.safetensors_io import read_array, read_header
 FORMAT = "clouseau.blocks/1"
 MANIFEST = "manifest.json"
 PART_FILE = "part.json"
-_BLOCK = re.compile(r"block-(\d{12})-([0-9a-f]{16})\.safetensors")
+# Named by rows (first row, digest of all) or by content (digest, then a nonce).
+_BLOCK = re.compile(r"block-(?:\d{12}-[0-9a-f]{16}|c[0-9a-f]{32}-[0-9a-f]{8})\.safetensors")
 _PART = re.compile(r"part-[0-9a-f]{12}")
 
 
@@ -73,6 +78,27 @@ def block_file(rows: np.ndarray) -> str:
     return f"block-{int(rows.min()):012d}-{digest}.safetensors"
 
 
+def content_digest(columns: Mapping[str, np.ndarray]) -> str:
+    """A digest of a batch's columns (names, dtypes, shapes and bytes)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(columns):
+        array = np.ascontiguousarray(columns[name])
+        digest.update(f"{name}:{array.dtype.str}:{array.shape};".encode())
+        digest.update(array.data if array.dtype.kind != "O" else repr(array.tolist()).encode())
+    return digest.hexdigest()
+
+
+def content_file(content: str) -> str:
+    """A new file name for a block of rows known by ``content``: unique to this write, so
+    a retried block never replaces a file the manifest lists."""
+    return f"block-c{content}-{uuid.uuid4().hex[:8]}.safetensors"
+
+
+def content_of(file: str) -> str | None:
+    """The content digest a file name of :func:`content_file` holds, else None."""
+    return file[7:39] if file.startswith("block-c") and _BLOCK.fullmatch(file) else None
+
+
 def row_ranges(rows: np.ndarray) -> tuple[tuple[int, int], ...]:
     """``rows`` (sorted) as ``[start, stop)`` ranges of consecutive numbers."""
     rows = np.sort(np.asarray(rows, dtype=np.int64))
@@ -83,7 +109,7 @@ def row_ranges(rows: np.ndarray) -> tuple[tuple[int, int], ...]:
 
 
 def write_manifest(root: Path, run: Mapping[str, Any], blocks: Iterable[Block], complete: bool):
-    """Replace ``root/manifest.json``: the run, and each block once (by first row)."""
+    """Replace ``root/manifest.json``: the run, and each block (in the order of its rows)."""
     kept = sorted(blocks, key=lambda b: (b.start, b.file))
     manifest = {
         "format": FORMAT,
@@ -123,6 +149,16 @@ def found_blocks(root: Path) -> dict[str, Block]:
                 rows = json.loads(read_header(file)[0].get("clouseau.rows", "[]"))
                 found[file.name] = Block(part.name, file.name, tuple(map(tuple, rows)))
     return found
+
+
+def remove_unlisted(root: Path, blocks: Iterable[Block]) -> None:
+    """Remove the block files of ``root``'s parts that ``blocks`` do not list (the work of
+    actors killed before they reported it, written again elsewhere)."""
+    listed = {(b.part, b.file) for b in blocks}
+    for part in (p for p in root.iterdir() if _PART.fullmatch(p.name) and p.is_dir()):
+        for file in part.iterdir():
+            if _BLOCK.fullmatch(file.name) and (part.name, file.name) not in listed:
+                file.unlink(missing_ok=True)
 
 
 def clear(root: Path) -> None:
@@ -170,18 +206,19 @@ def load_blocks(root: Path) -> BlockCapture:
     if manifest is None:
         raise CaptureError(f"{root} holds no {MANIFEST} of a capture written in blocks")
     complete = manifest.get("complete") is True
-    listed = {b.file: b for b in map(Block.from_json, manifest.get("blocks", []))}
+    listed = [Block.from_json(b) for b in manifest.get("blocks", [])]
     if not complete:
         # The driver stopped before the end: blocks written after its last manifest are
-        # whole (written atomically), so they count too.
-        listed = {**found_blocks(root), **listed}
+        # whole (written atomically), so they count too where their file names the rows.
+        files = {b.file for b in listed}
+        listed += [b for b in found_blocks(root).values() if b.rows and b.file not in files]
         warnings.warn(
             f"clouseau: {root} was not finished: it holds the {len(listed)} block(s) written "
             "so far; clouseau.ray.record(..., resume=True) runs the rest",
             IncompleteBlocksWarning,
             stacklevel=3,
         )
-    blocks = sorted(listed.values(), key=lambda b: (b.start, b.file))
+    blocks = sorted(listed, key=lambda b: (b.start, b.file))
     _check_disjoint(root, blocks)
     graphs: list[Graph] = []
     offsets: dict[str, int] = {}

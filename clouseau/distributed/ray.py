@@ -2,10 +2,13 @@
 
 ``map_batches`` runs a pool of actors; each builds the model once (``model_factory()``),
 instruments it, and writes every batch it runs as one block file of a part of its own
-(:mod:`clouseau.distributed.blocks`). A block is named by its rows, so a block that Ray
-runs again (its actor died, the task was retried) gets the same name, and the manifest,
-written by the driver as results arrive, keeps it once. ``clouseau.load(path)`` reads the
-blocks as one capture, call ``i`` being the ``i``-th batch of the data.
+(:mod:`clouseau.distributed.blocks`). The driver numbers the rows: Ray delivers the
+actors' reports in the order of the data (``preserve_order``; or the data has a column of
+row numbers), so the input streams through and nothing waits for the whole of it. Ray
+reports a block once, even when it ran it twice (its actor died, the task was retried):
+the manifest, written by the driver as reports arrive, lists the file reported, and files
+nobody reported are removed at the end. ``clouseau.load(path)`` reads the blocks as one
+capture, call ``i`` being the ``i``-th batch of the data.
 """
 
 from __future__ import annotations
@@ -14,8 +17,7 @@ import json
 import os
 import time
 import uuid
-import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -29,9 +31,13 @@ from clouseau.distributed.blocks import (
     BlockCapture,
     block_file,
     clear,
+    content_digest,
+    content_file,
+    content_of,
     found_blocks,
     load_blocks,
     read_manifest,
+    remove_unlisted,
     row_ranges,
     write_manifest,
 )
@@ -44,7 +50,6 @@ from clouseau.store.layout import FORMAT as STORE_FORMAT
 from clouseau.store.lock import DirectoryLock
 from clouseau.store.safetensors_io import write_file
 
-ROW = "__clouseau_row"
 Forward = Callable[[Any, dict[str, Any]], Any]
 _MANIFEST_EVERY_S = 2.0
 # Batches an actor gets from Ray at once: it writes each one's file while it runs the
@@ -90,8 +95,8 @@ def record(
         ``fmodel(**columns)``, each column as a torch tensor (a JAX array for JAX).
     id_column
         A column holding a unique integer per row (``ray.data.range``'s ``"id"``), which
-        numbers the rows instead of their order and is not passed to the model; None: rows
-        are numbered by their order (``Dataset.zip`` with a range).
+        numbers the rows and is not passed to the model; None: rows are numbered in the
+        order of the data (Ray's ``preserve_order``, set for this run).
     resume
         Keep the blocks already written in ``path`` by the same run and run the rest.
     num_cpus
@@ -125,27 +130,20 @@ def record(
         done = _previous(root, run) if resume else {}
         if not resume:
             clear(root)
-        write_manifest(root, run, done.values(), complete=False)
-        results = _with_rows(dataset, id_column).map_batches(
+            write_manifest(root, run, (), complete=False)
+        results = _checked(dataset, id_column).map_batches(
             _Worker,
             fn_constructor_kwargs={
                 "root": str(root), "model_factory": model_factory, "select": select,
                 "forward": forward, "id_column": id_column,
-                "done": {name: b.to_json() for name, b in done.items()},
-                "batch_size": batch_size,
+                "done": [b.to_json() for b in done.values()], "batch_size": batch_size,
             },
             batch_size=batch_size and batch_size * _BATCHES_PER_CALL, batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=concurrency), num_cpus=num_cpus,
         )  # fmt: skip
-        blocks = dict(done)
-        last = time.monotonic()
-        for row in results.iter_rows():
-            block = Block.from_json(json.loads(row["block"]))
-            blocks.setdefault(block.file, block)  # a retried block: the first report stays
-            if time.monotonic() - last > _MANIFEST_EVERY_S:
-                write_manifest(root, run, blocks.values(), complete=False)
-                last = time.monotonic()
-        write_manifest(root, run, blocks.values(), complete=True)
+        blocks = _collect(results, id_column is None, lambda b: write_manifest(root, run, b, False))
+        write_manifest(root, run, blocks, complete=True)
+        remove_unlisted(root, blocks)  # what killed actors wrote and nobody reported
     finally:
         lock.release()
     return load_blocks(root)
@@ -172,22 +170,39 @@ def _previous(root: Path, run: Mapping[str, Any]) -> dict[str, Block]:
     return {**found_blocks(root), **listed}
 
 
-def _with_rows(dataset: Any, id_column: str | None) -> Any:
-    if id_column is not None:
-        if id_column not in dataset.schema().names:
-            raise ValueError(
-                f"id_column={id_column!r} is not a column of the dataset "
-                f"({dataset.schema().names}); name a column of unique row numbers"
-            )
-        return dataset
-    import ray
+def _checked(dataset: Any, id_column: str | None) -> Any:
+    if id_column is not None and id_column not in dataset.schema().names:
+        raise ValueError(
+            f"id_column={id_column!r} is not a column of the dataset "
+            f"({dataset.schema().names}); name a column of unique row numbers"
+        )
+    return dataset
 
-    rows = ray.data.range(dataset.count()).rename_columns({"id": ROW})
-    with warnings.catch_warnings():
-        # zip is deprecated for datasets whose order is not deterministic; the order of
-        # this one is the contract of record (see the docstring).
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return dataset.zip(rows)
+
+def _collect(results: Any, in_order: bool, save: Callable[[list[Block]], None]) -> list[Block]:
+    """The blocks the actors report, each once; ``save`` them every few seconds.
+
+    ``in_order``: the rows carry no number, so Ray delivers the reports in the order of
+    the data (``preserve_order``) and the driver numbers each block's rows as they come.
+    """
+    options = results.context.execution_options
+    ordered, options.preserve_order = options.preserve_order, options.preserve_order or in_order
+    blocks: dict[tuple[tuple[int, int], ...], Block] = {}
+    rows, last = 0, time.monotonic()
+    try:
+        for row in results.iter_rows():
+            report = json.loads(row["block"])
+            if in_order:
+                size = report.pop("size")
+                report["rows"], rows = [[rows, rows + size]], rows + size
+            block = Block.from_json(report)
+            blocks.setdefault(block.rows, block)  # a retried block: the first report stays
+            if time.monotonic() - last > _MANIFEST_EVERY_S:
+                save(list(blocks.values()))
+                last = time.monotonic()
+    finally:
+        options.preserve_order = ordered  # the dataset's context is the caller's too
+    return list(blocks.values())
 
 
 class _Worker:
@@ -200,7 +215,7 @@ class _Worker:
         select: SelectLike,
         forward: Forward | None,
         id_column: str | None,
-        done: Mapping[str, Any],
+        done: Sequence[Mapping[str, Any]],
         batch_size: int | None,
     ) -> None:
         from clouseau.capture import frontend_for
@@ -208,7 +223,11 @@ class _Worker:
         from clouseau.store.layout import graph_file
 
         self.root, self.id_column = Path(root), id_column
-        self.done = {name: Block.from_json(b) for name, b in done.items()}
+        # Blocks of an earlier run: by name (rows numbered by a column) or by content.
+        self.done = {b["file"]: Block.from_json(b) for b in done}
+        self.done_content = {
+            content_of(b.file): b for b in self.done.values() if content_of(b.file)
+        }
         self.batch_size = batch_size
         self.writer = ThreadPoolExecutor(1, thread_name_prefix="clouseau-blocks")
         self.part = self.root / f"part-{uuid.uuid4().hex[:12]}"
@@ -229,26 +248,40 @@ class _Worker:
         self.forward = forward or _default_forward
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows = batch.pop(self.id_column or ROW)  # row numbers, not an input of the model
-        size = self.batch_size or len(rows)
-        blocks, writing = [], None
+        rows = batch.pop(self.id_column) if self.id_column else None  # not a model input
+        count = len(next(iter(batch.values())))
+        size = self.batch_size or count
+        reports, writing = [], None
         try:
-            for start in range(0, len(rows), size):
+            for start in range(0, count, size):
                 piece = slice(start, start + size)
-                name = block_file(rows[piece])
-                if name in self.done:  # resumed: written by an earlier run
-                    blocks.append(self.done[name])
-                    continue
-                block = Block(self.part.name, name, row_ranges(rows[piece]))
-                items = self._saved({k: v[piece] for k, v in batch.items()})
-                if writing is not None:
-                    writing.result()  # one file in flight: memory stays bounded
-                writing = self.writer.submit(self._write, block, items)
-                blocks.append(block)
+                columns = {k: v[piece] for k, v in batch.items()}
+                block, earlier = self._block(columns, None if rows is None else rows[piece])
+                if earlier is None:
+                    items = self._saved(columns)
+                    if writing is not None:
+                        writing.result()  # one file in flight: memory stays bounded
+                    writing = self.writer.submit(self._write, block, items)
+                report = (earlier or block).to_json()
+                if rows is None:  # numbered by the driver, in order
+                    report["size"] = len(columns[next(iter(columns))])
+                    del report["rows"]
+                reports.append(json.dumps(report))
         finally:
             if writing is not None:
                 writing.result()
-        return {"block": np.array([json.dumps(b.to_json()) for b in blocks])}
+        return {"block": np.array(reports)}
+
+    def _block(
+        self, columns: dict[str, np.ndarray], rows: np.ndarray | None
+    ) -> tuple[Block, Block | None]:
+        """The block of one batch, and the block an earlier run wrote for it, if any."""
+        if rows is not None:  # named by its rows: a retry writes the same file again
+            name = block_file(rows)
+            return Block(self.part.name, name, row_ranges(rows)), self.done.get(name)
+        content = content_digest(columns)
+        name = content_file(content)  # unique: a retry's file is another, never listed
+        return Block(self.part.name, name, ()), self.done_content.get(content)
 
     def _saved(self, batch: dict[str, np.ndarray]) -> list[tuple[Any, np.ndarray]]:
         """Run the model on one batch; the records and arrays it saved."""
@@ -265,7 +298,8 @@ class _Worker:
     def _write(self, block: Block, items: list[tuple[Any, np.ndarray]]) -> None:
         records = "[" + ",".join(encode_record(r) for r, _ in items) + "]"
         meta = {"format": STORE_FORMAT, "clouseau": records}
-        meta["clouseau.rows"] = json.dumps([list(r) for r in block.rows])
+        if block.rows:
+            meta["clouseau.rows"] = json.dumps([list(r) for r in block.rows])
         write_file(self.part / block.file, [(r.key, a) for r, a in items], meta)
 
     def _inputs(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:

@@ -150,6 +150,35 @@ def test_an_id_column_numbers_the_rows_and_is_not_an_input(cluster, tmp_path) ->
 
 
 @SLOW
+def test_repeated_batches_keep_their_rows_and_resume_reuses_every_file(cluster, tmp_path) -> None:
+    rows = torch.cat(workload.batches()).numpy()
+    rows[8:12] = rows[0:4]  # batch 2 repeats batch 0: the same content, other rows
+    dataset = ray.data.from_items([{"x": row} for row in rows], override_num_blocks=3)
+    ordered = dataset.context.execution_options.preserve_order
+    batches = [torch.from_numpy(rows[i : i + workload.BATCH_SIZE]) for i in range(0, 24, 4)]
+    single = clouseau.record(
+        workload.model(), batches, select=workload.SELECT, path=tmp_path / "single",
+        progress=False,
+    )  # fmt: skip
+    path, files = tmp_path / "run", set()
+    for resume in (False, True):
+        cap = clouseau.ray.record(
+            dataset, workload.model, select=workload.SELECT, path=path, concurrency=2,
+            batch_size=workload.BATCH_SIZE, num_cpus=0.5, resume=resume,
+        )  # fmt: skip
+        assert dataset.context.execution_options.preserve_order == ordered  # for the run only
+        assert cap.calls == single.calls == tuple(range(6))
+        assert [b.start for b in cap.batches] == list(range(0, 24, 4))
+        for call in cap.calls:
+            for name in single.names():
+                want = single.get(name, call=call)
+                np.testing.assert_array_equal(cap.get(name, call=call), want)
+        written, files = files, set(path.glob("part-*/block-*.safetensors"))
+    # Nothing ran again: one file of the repeated content serves both its batches now.
+    assert files < written
+
+
+@SLOW
 def test_the_example_runs_as_is(cluster, tmp_path, monkeypatch, capsys) -> None:
     # In this process's cluster (the example starts one only when none is running).
     monkeypatch.setattr(sys, "argv", ["record_ray.py", str(tmp_path / "run"), "--batches", "4"])
