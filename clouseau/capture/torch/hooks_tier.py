@@ -43,12 +43,10 @@ _REPEAT = re.compile(r"_[0-9]+$")
 def module_paths_selected(model: torch.nn.Module, select: SelectLike) -> tuple[str, ...] | None:
     """The module paths whose outputs ``select`` may pick, or None if it may pick others.
 
-    Only globs are judged (a callable or a Selector may pick anything). A dotless glob
-    matches a last name component at any depth or an op (``"relu*"``): it must have no
-    wildcards, not be a torch function's name, and be the last component of module paths
-    (``"3"`` in a ``Sequential``). A glob with a dot must have a last component without
-    wildcards and name a module of ``model`` once a ``:<element>`` and a ``_<k>`` repeat
-    suffix are set aside. An op is named ``<module path>.<op>`` and a module path
+    Only globs are judged (a callable or a Selector may pick anything): each positive glob
+    must have a dot (a dotless glob also matches op names, ``"relu*"``), a last component
+    without wildcards, and name a module of ``model`` once a ``:<element>`` and a ``_<k>``
+    repeat suffix are set aside. An op is named ``<module path>.<op>`` and a module path
     is never an op's name, so such a glob matches module outputs only; a glob with
     wildcards could also reach ``<other path>.<op>``, so its last component must not be
     the name of a torch function or operator (``"blocks.*.relu"`` is traced).
@@ -65,15 +63,7 @@ def module_paths_selected(model: torch.nn.Module, select: SelectLike) -> tuple[s
     for glob in positive:
         base = glob.split(":", 1)[0]
         last = base.rsplit(".", 1)[-1]
-        if "." not in base:  # a last name component at any depth, or an op
-            if _WILD.search(base) or _is_op_name(base):
-                return None
-            hits = [p for p in paths if p.rsplit(".", 1)[-1] == base]
-            if not hits:
-                return None
-            found.update(dict.fromkeys(hits))
-            continue
-        if _WILD.search(last):
+        if "." not in base or _WILD.search(last):
             return None
         if _WILD.search(base) and _is_op_name(_REPEAT.sub("", last)):
             return None
@@ -100,6 +90,7 @@ def _is_op_name(name: str) -> bool:
 # One module output met in a call: (raw path, module type, [(suffix, value index,
 # (shape, dtype))]); the values, copied to the host, are listed once per call.
 _Met = tuple[str, str, list[tuple[str, int, Any]]]
+_DEFERRED = -1  # a first call not begun in the sink yet
 
 
 class HookCapture:
@@ -123,6 +114,7 @@ class HookCapture:
         self._values: list[Any] = []
         self._seen: dict[Any, int] = {}
         self._call: int | None = None
+        self._begun = False  # whether a call has begun in the sink
         self._root: torch.nn.Module | None = None
         # One hooked run at a time; the hooks ignore other threads (which may run the
         # model itself meanwhile).
@@ -159,7 +151,8 @@ class HookCapture:
             yield
         except BaseException as error:
             if self._call is not None:  # the model failed inside a call
-                self._sink.fail_call(self._call, error)
+                if self._call != _DEFERRED:
+                    self._sink.fail_call(self._call, error)
                 self._call = self._root = None
             raise
         finally:
@@ -170,11 +163,20 @@ class HookCapture:
         if self._call is None and threading.get_ident() == self._thread:
             self._met, self._values, self._seen = [], [], {}
             self._root = module
-            self._call = self._sink.begin_call()
+            # The first call begins in the sink (which replaces an earlier capture at its
+            # path) only at its first selected output: a rerun that fails before, on a
+            # wrong input, leaves the earlier capture whole.
+            self._call = self._sink.begin_call() if self._begun else _DEFERRED
+
+    def _begin_deferred(self) -> int:
+        if self._call == _DEFERRED:
+            self._call, self._begun = self._sink.begin_call(), True
+        return self._call  # type: ignore[return-value]
 
     def _record(self, path: str, module: torch.nn.Module, args: Any, out: Any) -> None:
         if self._call is None or threading.get_ident() != self._thread:
             return
+        self._begin_deferred()
         elements = [
             (s, self._value(v), (v.shape, v.dtype))
             for s, v in element_paths(out)
@@ -203,7 +205,7 @@ class HookCapture:
     def _end(self, module: torch.nn.Module, args: Any, out: Any) -> None:
         if module is not self._root or self._call is None or threading.get_ident() != self._thread:
             return
-        call, self._call, self._root = self._call, None, None
+        call, self._call, self._root = self._begin_deferred(), None, None
         try:
             graph_id, saves = self._graph(self._met)
             values = [
