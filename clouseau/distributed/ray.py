@@ -264,7 +264,7 @@ class _Worker:
                     writing = self.writer.submit(self._write, block, items)
                 report = (earlier or block).to_json()
                 if rows is None:  # numbered by the driver, in order
-                    report["size"] = len(columns[next(iter(columns))])
+                    report["size"] = min(size, count - start)
                     del report["rows"]
                 reports.append(json.dumps(report))
         finally:
