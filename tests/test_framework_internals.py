@@ -5,8 +5,8 @@ that starts with one underscore (``torch._dynamo.exc``, ``torch.utils._pytree``,
 ``jax._src``), or one of the private attributes of framework objects in
 :data:`PRIVATE_ATTRIBUTES` (``module._forward_hooks``, ``tensor._version``), read as an
 attribute or through ``getattr``. When a framework release moves one, the ``_compat.py``
-files are the only ones to change: each frontend's, and the exporters' (which may not
-import a frontend). Names in strings (logger names) do not count.
+modules of :data:`COMPAT` are the only ones to change: each frontend's, and the
+exporters' (which may not import a frontend). Names in strings (logger names) do not count.
 """
 
 from __future__ import annotations
@@ -25,6 +25,11 @@ PRIVATE_ATTRIBUTES = frozenset({
     "_backward_pre_hooks", "_state_dict_hooks", "_state_dict_pre_hooks",
     "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_version",
     "_parameters", "_buffers", "_modules", "_non_persistent_buffers_set",
+})  # fmt: skip
+
+# The only modules that may touch them. The exporters' own: they may not import a frontend.
+COMPAT = frozenset({
+    "clouseau.capture.torch._compat", "clouseau.capture.jax._compat", "clouseau.exporters._compat",
 })  # fmt: skip
 
 # The torch frontend's rewrite (#25, branch torch) moves these into capture/torch/_compat.py;
@@ -135,9 +140,16 @@ def _outside_compat() -> set[tuple[str, str]]:
     return {
         (module, use)
         for module, path in MODULES.items()
-        if path.name != "_compat.py"
+        if module not in COMPAT
         for use in uses(path)
     }
+
+
+def test_the_compat_modules_exist_and_the_architecture_page_names_them() -> None:
+    page = (MODULES["clouseau"].parents[1] / "docs" / "architecture.md").read_text()
+    for module in sorted(COMPAT):
+        path = MODULES[module].relative_to(MODULES["clouseau"].parents[1]).as_posix()
+        assert f"`{path}`" in page, f"docs/architecture.md does not name {path}"
 
 
 def test_framework_internals_only_in_compat_modules() -> None:
