@@ -1,5 +1,5 @@
-"""Every import path the CLI, the seed's API and the tables had before they became packages
-still works, and names the same object as its new home."""
+"""Every import path the CLI and the seed's API had before they became packages still
+works, and names the same object as its new home."""
 
 from __future__ import annotations
 
@@ -28,10 +28,6 @@ OLD_PATHS = [
     ("clouseau.cli", "parse_input", "clouseau.cli.args"),
     ("clouseau.cli", "load_factory", "clouseau.cli.export_onnx"),
     ("clouseau.cli", "make_inputs", "clouseau.cli.export_onnx"),
-    *(
-        ("clouseau.tables", name, "clouseau.ir.tables")
-        for name in ("capture_frame", "points_frame", "summary", "summary_table")
-    ),
 ]
 
 
