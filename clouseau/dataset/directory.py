@@ -32,8 +32,10 @@ from clouseau.store.reader import read_graph
 class Directory:
     """The locked directory a recording writes; see the module docstring."""
 
-    def __init__(self, root: Path, lock: DirectoryLock) -> None:
-        self.root, self.lock = root, lock
+    def __init__(
+        self, root: Path, lock: DirectoryLock, on_start: Callable[[], None] | None = None
+    ) -> None:
+        self.root, self.lock, self._on_start = root, lock, on_start
         self.started = False
         self._previous: frozenset[str] = frozenset()
         self._keep: set[str] = set()
@@ -69,6 +71,8 @@ class Directory:
         if not self.started:
             remove_previous(self.root, self._previous, keep=self._keep)
             self.started = True
+            if self._on_start is not None:
+                self._on_start()
 
     def graphs(self) -> list[Graph]:
         """The graphs of the recording being resumed."""

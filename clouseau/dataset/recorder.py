@@ -133,7 +133,9 @@ def record(
     # Under torchrun each rank records its share into a part of its own (docs/distributed.md);
     # the part takes every lock before anything is touched.
     part = record_part(root)
-    directory = Directory(part.path, part.lock) if part is not None else Directory.open(root)
+    directory = (
+        Directory(part.path, part.lock, part.start) if part is not None else Directory.open(root)
+    )
     try:
         previous = directory.prepare(run, resume, names)
         if previous is not None and previous.done:

@@ -210,6 +210,21 @@ class Core:
                 self._thread.join()
                 self._finish()
 
+    def abandon(self) -> None:
+        """Stop without writing: for a sink given up before anything was put (a refused
+        run of several processes, a failed ``instrument``), which must leave the
+        directory as it found it. Once started, it closes as usual."""
+        if self._started:
+            self.close()
+            return
+        with self._calls.lock:
+            self._calls.closed = True
+            with self._cv:
+                self._stopping = True
+                self._cv.notify_all()
+        self._thread.join()
+        self._dirlock.release()
+
     def close_quietly(self) -> None:
         """Close at interpreter exit or when dropped; a failure is one line on stderr."""
         try:
