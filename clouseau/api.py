@@ -101,7 +101,7 @@ def instrument(
         adapt_to_engine(model, fmodel)
         return fmodel
     except BaseException:
-        sink.close()
+        getattr(sink, "abandon", sink.close)()  # nothing was written: nothing changes
         raise
 
 

@@ -40,6 +40,7 @@ class Directory:
         self._previous: frozenset[str] = frozenset()
         self._keep: set[str] = set()
         self._pattern = ""
+        self._run: dict[str, Any] = {}
 
     @staticmethod
     def open(root: Path) -> Directory:
@@ -58,6 +59,7 @@ class Directory:
         self._previous = previous_files(self.root)
         check_clashes(self.root, names, self._previous)
         self._pattern = str(run.get("filename_pattern", ""))
+        self._run = run
         previous = read_progress(self.root) if resume else None
         if previous is not None:
             check_same_run(previous.run, run, self.root)
@@ -71,6 +73,8 @@ class Directory:
         if not self.started:
             remove_previous(self.root, self._previous, keep=self._keep)
             self.started = True
+            if not self._keep:  # a fresh recording says at once that it is one
+                self.write_status(Progress(self._run), 0)
             if self._on_start is not None:
                 self._on_start()
 
