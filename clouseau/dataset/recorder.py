@@ -26,6 +26,7 @@ from clouseau.ir.selection import SelectLike, check_select
 from clouseau.store.capture import Capture
 from clouseau.store.directory import capture_path, check_pattern, file_name, max_bytes
 from clouseau.store.layout import DEFAULT_PATTERN
+from clouseau.store.location import is_url
 from clouseau.store.progress import Batch, Progress, write_progress
 from clouseau.store.reader import load
 from clouseau.store.stats import RunningStats
@@ -116,6 +117,8 @@ def record(
         raise ValueError("select=None records nothing; select points, e.g. select='h.*'")
     max_bytes(max_size_mb)
     names = check_pattern(filename_pattern)
+    if is_url(path):  # recorded locally, uploaded through the location layer
+        return _record_at_url(str(path), locals(), resume)
     layout = Layout.make(rows, mask, fields)
     stat_globs = _globs(stats, "stats")
     frontend = frontend_for(model)
@@ -153,6 +156,27 @@ def record(
         return cap
     part.finish()
     return load(part.root)
+
+
+def _record_at_url(url: str, arguments: dict[str, Any], resume: bool) -> Capture:
+    from clouseau.distributed import current_group
+    from clouseau.distributed.remote import record_at_url
+
+    if current_group() is not None:
+        raise CaptureError(
+            f"clouseau.record under torchrun writes parts to a shared directory; {url} is a "
+            "URL: record to a directory every rank sees, then upload it (or use "
+            "clouseau.instrument, whose parts go to the URL)"
+        )
+    options = {k: v for k, v in arguments.items() if k in _OPTIONS}
+    model, data = arguments["model"], arguments["data"]
+    return record_at_url(
+        url.rstrip("/"), lambda local: record(model, data, path=local, **options), resume
+    )
+
+
+_OPTIONS = ("select", "forward", "rows", "mask", "fields", "stats", "resume", "on_error",
+            "progress", "max_size_mb", "filename_pattern")  # fmt: skip
 
 
 class _Recorder:

@@ -18,12 +18,14 @@ copy, which is kept.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from clouseau.distributed.parts import MANIFEST, PART_FILE, ForwardingSink, Group, part_name
 from clouseau.ir.errors import CaptureError
@@ -41,9 +43,17 @@ from clouseau.store.remote import (
     remote_previous_files,
 )
 
+T = TypeVar("T")
 _LAST = (PART_FILE, STATUS_FILE, MANIFEST)  # uploaded at close, in this order
 
-__all__ = ["RemoteSink", "Uploader", "filesystem", "load_url", "staging_directory"]
+__all__ = [
+    "RemoteSink",
+    "Uploader",
+    "filesystem",
+    "load_url",
+    "record_at_url",
+    "staging_directory",
+]
 
 
 def staging_directory() -> Path:
@@ -96,12 +106,13 @@ class Uploader:
 
     def clear(self) -> None:
         """The new run has traced: remove the earlier capture's listed files."""
-        if self.cleared:
-            return
-        self.cleared = True
-        for name in self.previous:
-            target = f"{self.root}/{name}"
-            self._remote(f"removing {name} from", lambda t=target: _rm(self.fs, t))
+        with self._mutex:  # no upload runs while the earlier files go
+            if self.cleared:
+                return
+            for name in self.previous:
+                target = f"{self.root}/{name}"
+                self._remote(f"removing {name} from", lambda t=target: _rm(self.fs, t))
+            self.cleared = True
 
     def _remote(self, doing: str, function: Any) -> Any:
         try:
@@ -287,3 +298,51 @@ def load_url(url: str, strict: bool = False) -> Capture:
     capture = load(local, strict=strict)
     weakref.finalize(capture, shutil.rmtree, local, True)
     return capture
+
+
+def record_at_url(
+    url: str, run: Callable[[Path], T], resume: bool, timeout_s: float = TIMEOUT_S
+) -> T:
+    """``run(local)`` records into a local staging directory; its files go to ``url``.
+
+    ``clouseau.record`` and ``clouseau.ray.record`` to a URL: the URL is locked first; with
+    ``resume`` what is at the URL is downloaded to continue it. The recording is uploaded
+    when ``run`` ends, also when it fails once it has started (so that ``resume=True``
+    continues it); the earlier capture's listed files go only then. A failed upload names
+    the local copy, which is kept.
+    """
+    local = staging_directory()
+    try:
+        uploader = Uploader(local, url, None, timeout_s)
+    except BaseException:
+        shutil.rmtree(local, ignore_errors=True)
+        raise
+    try:
+        if resume and uploader.previous:
+            root = uploader.root
+            uploader._remote(
+                "downloading", lambda: uploader.fs.get(f"{root}/", f"{local}/", recursive=True)
+            )
+        try:
+            result = run(local)
+        except BaseException:
+            if any(local.iterdir()) and uploader.error is None:
+                with contextlib.suppress(CaptureError):
+                    _upload_all(uploader)
+            raise
+        _upload_all(uploader)
+    except BaseException:
+        uploader.stop()
+        uploader.release()
+        raise
+    uploader.stop()
+    uploader.release()
+    # The local copy serves the capture returned (its arrays are read lazily) until the
+    # capture is dropped.
+    weakref.finalize(result, shutil.rmtree, local, True)
+    return result
+
+
+def _upload_all(uploader: Uploader) -> None:
+    uploader.clear()
+    uploader.sync(final=True)
