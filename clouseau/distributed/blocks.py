@@ -18,7 +18,6 @@ import hashlib
 import itertools
 import json
 import re
-import shutil
 import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -33,7 +32,8 @@ from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
 from clouseau.store.capture import Capture, Entry, Record
 from clouseau.store.files import write_json
-from clouseau.store.layout import graph_file
+from clouseau.store.layout import graph_file, graph_id, is_exact_temp_name
+from clouseau.store.location import remove_empty
 from clouseau.store.progress import Batch
 from clouseau.store.reader import read_graph
 from clouseau.store.safetensors_io import read_array, read_header
@@ -161,12 +161,37 @@ def remove_unlisted(root: Path, blocks: Iterable[Block]) -> None:
                 file.unlink(missing_ok=True)
 
 
-def clear(root: Path) -> None:
-    """Remove the parts and the manifest of an earlier block capture in ``root``."""
-    for child in root.iterdir():
-        if _PART.fullmatch(child.name) and (child / PART_FILE).is_file():
-            shutil.rmtree(child)
-    (root / MANIFEST).unlink(missing_ok=True)
+def earlier_parts(root: Path, *, any_manifest: bool = False) -> tuple[str, ...]:
+    """The parts of an earlier block capture in ``root`` (read before a new run starts);
+    with ``any_manifest``, the parts there whether a manifest is or not."""
+    if not any_manifest and read_manifest(root) is None:
+        return ()
+    return tuple(
+        sorted(
+            c.name
+            for c in root.iterdir()
+            if _PART.fullmatch(c.name) and not c.is_symlink() and c.is_dir()
+        )
+    )
+
+
+def clear(root: Path, parts: Iterable[str]) -> None:
+    """Remove the parts ``parts`` of an earlier block capture in ``root``: clouseau's own
+    files by their names (blocks, graphs, ``part.json``, a worker's temporary files), each
+    directory only if nothing else is left in it."""
+    for name in parts:
+        part = root / name
+        if not part.is_dir() or part.is_symlink():
+            continue
+        ours = [
+            f.name
+            for f in part.iterdir()
+            if _BLOCK.fullmatch(f.name)
+            or graph_id(f.name) is not None
+            or f.name == PART_FILE
+            or is_exact_temp_name(f.name)
+        ]
+        remove_empty(part, ours)
 
 
 class IncompleteBlocksWarning(UserWarning):

@@ -34,6 +34,7 @@ from clouseau.distributed.blocks import (
     content_digest,
     content_file,
     content_of,
+    earlier_parts,
     found_blocks,
     load_blocks,
     read_manifest,
@@ -139,9 +140,9 @@ def record(
     try:
         run = _identity(model_factory, select, batch_size, id_column)
         done = _previous(root, run) if resume else {}
-        if not resume:
-            clear(root)
-            write_manifest(root, run, (), complete=False)
+        # The earlier capture goes only once this run has produced its first block (a
+        # model that fails in every actor, a typo in select, leave it as it was).
+        manifest = _Manifest(root, run, () if resume else earlier_parts(root))
         results = _checked(dataset, id_column).map_batches(
             _Worker,
             fn_constructor_kwargs={
@@ -152,12 +153,39 @@ def record(
             batch_size=batch_size and batch_size * _BATCHES_PER_CALL, batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=concurrency), num_cpus=num_cpus,
         )  # fmt: skip
-        blocks = _collect(results, id_column is None, lambda b: write_manifest(root, run, b, False))
-        write_manifest(root, run, blocks, complete=True)
+        try:
+            blocks = _collect(results, id_column is None, manifest.save)
+        except BaseException:
+            manifest.abandon()
+            raise
+        manifest.save(blocks, complete=True)
         remove_unlisted(root, blocks)  # what killed actors wrote and nobody reported
     finally:
         lock.release()
     return load_blocks(root)
+
+
+class _Manifest:
+    """Writes the manifest as blocks are reported; the first write removes the earlier
+    capture's parts (``earlier``)."""
+
+    def __init__(self, root: Path, run: dict[str, Any], earlier: Sequence[str]) -> None:
+        self.root, self.run, self.earlier = root, run, tuple(earlier)
+        self.before = set(earlier_parts(root, any_manifest=True))
+        self.saved = False
+
+    def save(self, blocks: Sequence[Block], complete: bool = False) -> None:
+        if self.earlier:
+            clear(self.root, self.earlier)
+            self.earlier = ()
+        write_manifest(self.root, self.run, blocks, complete)
+        self.saved = True
+
+    def abandon(self) -> None:
+        """The run failed before its first block: remove the parts its actors created."""
+        if not self.saved:
+            new = set(earlier_parts(self.root, any_manifest=True)) - self.before
+            clear(self.root, sorted(new))
 
 
 def _identity(
@@ -208,7 +236,7 @@ def _collect(results: Any, in_order: bool, save: Callable[[list[Block]], None]) 
                 report["rows"], rows = [[rows, rows + size]], rows + size
             block = Block.from_json(report)
             blocks.setdefault(block.rows, block)  # a retried block: the first report stays
-            if time.monotonic() - last > _MANIFEST_EVERY_S:
+            if len(blocks) == 1 or time.monotonic() - last > _MANIFEST_EVERY_S:
                 save(list(blocks.values()))
                 last = time.monotonic()
     finally:
