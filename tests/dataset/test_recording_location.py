@@ -200,3 +200,24 @@ def test_the_status_lists_the_files_and_a_missing_one_is_damaged(tmp_path) -> No
     assert not cap.complete and files[1] in cap.damaged
     with pytest.raises(clouseau.CaptureError, match=files[1]):
         clouseau.load(tmp_path, strict=True)
+
+
+def test_a_file_missing_from_an_interrupted_recording_is_damaged(tmp_path) -> None:
+    data = vectors(8)
+
+    class Interrupted:
+        def __len__(self) -> int:
+            return 8
+
+        def __iter__(self):
+            yield from data[:6]
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _record(tmp_path, Interrupted())
+    recorded = json.loads((tmp_path / "record.json").read_text())["files"]
+    assert len(recorded) >= 2
+    (tmp_path / recorded[0]).unlink()
+    with pytest.warns(DamagedCaptureWarning, match=f"{recorded[0]}: missing: "):
+        cap = clouseau.load(tmp_path)
+    assert not cap.complete and recorded[0] in cap.damaged
