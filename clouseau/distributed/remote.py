@@ -22,6 +22,7 @@ import contextlib
 import shutil
 import tempfile
 import threading
+import uuid
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -164,7 +165,8 @@ class Uploader:
                 self.fs.put_file(str(file), target)
                 return
             parent, name = target.rsplit("/", 1)
-            tmp = f"{parent}/.{name}.upload.tmp"
+            # Unpredictable, so no link planted at the URL is written through.
+            tmp = f"{parent}/.{name}.{uuid.uuid4().hex[:8]}.upload.tmp"
             self.fs.makedirs(parent, exist_ok=True)
             self.fs.put_file(str(file), tmp)
             self.fs.mv(tmp, target)

@@ -39,6 +39,7 @@ from clouseau.store.layout import (
     RECORD_FILE,
     RECORD_FORMAT,
     STATUS_FILE,
+    escaped,
     graph_file,
     graph_id,
     is_capture_file,
@@ -75,14 +76,6 @@ def resolve(path: str | os.PathLike[str]) -> Location:
     if is_url(path):
         return Location(None, str(path).rstrip("/"))
     return Location(capture_path(path))
-
-
-def escaped(text: object) -> str:
-    """``text`` with control characters escaped, for one line printed or raised."""
-    raw = str(text)
-    if raw.isprintable():
-        return raw
-    return raw.encode("unicode_escape", "backslashreplace").decode("ascii")
 
 
 # -- what an earlier capture holds ------------------------------------------------------
