@@ -205,9 +205,28 @@ class BlockCapture(Capture):
     block's rows, ``part(call)`` the worker part that holds it.
     """
 
-    def __init__(self, *args: Any, blocks: Sequence[Block], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        blocks: Sequence[Block],
+        stats: Sequence[Mapping[str, Any]] = (),
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._blocks = tuple(blocks)
+        self._stats = tuple(stats)
+
+    def stats(self, name: str) -> Any:
+        """The running statistics of ``name`` over the blocks (``stats=`` of the run)."""
+        from clouseau.distributed.block_layout import merged_stats
+
+        result = merged_stats(self._stats, name)
+        if result is None:
+            raise KeyError(
+                f"no statistics of {name!r} in this capture; record with "
+                f"clouseau.ray.record(..., stats=True) (or stats=[{name!r}])"
+            )
+        return result
 
     @property
     def batches(self) -> tuple[Batch, ...]:
@@ -248,14 +267,15 @@ def load_blocks(root: Path) -> BlockCapture:
     graphs: list[Graph] = []
     offsets: dict[str, int] = {}
     entries: list[Entry] = []
+    stats: list[Mapping[str, Any]] = []
     for call, block in enumerate(blocks):
         if block.part not in offsets:
             offsets[block.part] = len(graphs)
             graphs.extend(_part_graphs(root / block.part))
-        entries.extend(_block_entries(root, block, call, offsets[block.part]))
+        entries.extend(_block_entries(root, block, call, offsets[block.part], stats))
     return BlockCapture(
         tuple(entries), tuple(graphs), {}, root, closed=complete, blocks=blocks,
-        calls_made=len(blocks),
+        calls_made=len(blocks), stats=stats,
     )  # fmt: skip
 
 
@@ -276,18 +296,28 @@ def _part_graphs(part: Path) -> list[Graph]:
     return graphs
 
 
-def _block_entries(root: Path, block: Block, call: int, graph_offset: int) -> list[Entry]:
+def _block_entries(
+    root: Path, block: Block, call: int, graph_offset: int, stats: list[Mapping[str, Any]]
+) -> list[Entry]:
     file = root / block.part / block.file
     if not file.is_file():
         raise CaptureError(
             f"{root / MANIFEST} lists {block.part}/{block.file}, which is not there; the "
             "capture was changed after the run: record it again (or resume=True)"
         )
+    from clouseau.distributed.block_layout import SAMPLES_KEY, STATS_KEY, global_samples
+
     metadata, tensors = read_header(file)
     by_key = {t.key: t for t in tensors}
+    local = metadata.get(SAMPLES_KEY) == "local"
+    if STATS_KEY in metadata:
+        stats.append(json.loads(metadata[STATS_KEY]))
     entries = []
     for item in json.loads(metadata["clouseau"]):
         record = Record.from_json(item)
         moved = replace(record, call=call, graph=record.graph + graph_offset)
-        entries.append(Entry(moved, partial(read_array, file, by_key[record.key])))
+        read: Any = partial(read_array, file, by_key[record.key])
+        if local and record.node == "field" and record.name == "sample":
+            read = global_samples(block.rows, read)  # counted in the block: in the data
+        entries.append(Entry(moved, read))
     return entries

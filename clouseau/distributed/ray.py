@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from clouseau.dataset.layout import FieldSource
+from clouseau.distributed.block_layout import BlockLayout
 from clouseau.distributed.blocks import (
     FORMAT,
     PART_FILE,
@@ -71,6 +73,10 @@ def record(
     id_column: str | None = None,
     resume: bool = False,
     num_cpus: float = 1,
+    rows: bool | str | Sequence[str] = False,
+    mask: FieldSource | None = None,
+    fields: Sequence[str] | Mapping[str, FieldSource] | None = None,
+    stats: bool | str | Sequence[str] = False,
 ) -> BlockCapture:
     """Run a model over a Ray Data dataset on ``concurrency`` actors and record activations.
 
@@ -105,6 +111,12 @@ def record(
         CPUs Ray reserves per actor (fractions let other tasks share a small machine).
         Ray Data restarts a dead actor and retries its tasks (its defaults
         ``max_restarts=-1``, ``max_task_retries=-1``).
+    rows, mask, fields, stats
+        As for :func:`clouseau.record`: points stored as rows (padding dropped with
+        ``mask``, the fields ``sample`` and ``position`` beside them, ``sample`` counting
+        the rows of the data), columns stored beside the activations, running statistics
+        read with ``cap.stats(name)``. Functions given as ``mask`` or ``fields`` are
+        pickled to the actors.
 
     Returns
     -------
@@ -128,17 +140,19 @@ def record(
         from clouseau.distributed.remote import record_at_url
 
         options = {"concurrency": concurrency, "batch_size": batch_size, "forward": forward,
-                   "id_column": id_column, "resume": resume, "num_cpus": num_cpus}  # fmt: skip
+                   "id_column": id_column, "resume": resume, "num_cpus": num_cpus,
+                   "rows": rows, "mask": mask, "fields": fields, "stats": stats}  # fmt: skip
         return record_at_url(
             str(path).rstrip("/"),
             lambda local: record(dataset, model_factory, select, local, **options),
             resume,
         )
+    layout = BlockLayout.make(rows, mask, fields, stats)  # a bad layout fails here
     root = capture_path(path)
     root.mkdir(parents=True, exist_ok=True)
     lock = DirectoryLock(root)  # a second run on this path is refused here
     try:
-        run = _identity(model_factory, select, batch_size, id_column)
+        run = {**_identity(model_factory, select, batch_size, id_column), **layout.describe()}
         done = _previous(root, run) if resume else {}
         # The earlier capture goes only once this run has produced its first block (a
         # model that fails in every actor, a typo in select, leave it as it was).
@@ -149,6 +163,7 @@ def record(
                 "root": str(root), "model_factory": model_factory, "select": select,
                 "forward": forward, "id_column": id_column,
                 "done": [b.to_json() for b in done.values()], "batch_size": batch_size,
+                "layout": layout,
             },
             batch_size=batch_size and batch_size * _BATCHES_PER_CALL, batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=concurrency), num_cpus=num_cpus,
@@ -256,6 +271,7 @@ class _Worker:
         id_column: str | None,
         done: Sequence[Mapping[str, Any]],
         batch_size: int | None,
+        layout: BlockLayout,
     ) -> None:
         from clouseau.capture import frontend_for
         from clouseau.dataset.sink import BatchSink
@@ -267,7 +283,7 @@ class _Worker:
         self.done_content = {
             content_of(b.file): b for b in self.done.values() if content_of(b.file)
         }
-        self.batch_size = batch_size
+        self.batch_size, self.layout = batch_size, layout
         self.writer = ThreadPoolExecutor(1, thread_name_prefix="clouseau-blocks")
         self.part = self.root / f"part-{uuid.uuid4().hex[:12]}"
         self.part.mkdir()
@@ -328,7 +344,11 @@ class _Worker:
 
         self.sink.start_batch(0)
         try:
+            shaper = self.layout.shaper(batch)
+            self.sink.shaper = shaper
             run_forward(self.forward, self.fmodel, self._inputs(batch), self.is_jax)
+            for name, array in shaper.fields(batch, 0):  # samples counted in the block
+                self.sink.put_field(name, array)
             self.sink.end_batch()
             return self.sink.buffer
         finally:
@@ -336,7 +356,7 @@ class _Worker:
 
     def _write(self, block: Block, items: list[tuple[Any, np.ndarray]]) -> None:
         records = "[" + ",".join(encode_record(r) for r, _ in items) + "]"
-        meta = {"format": STORE_FORMAT, "clouseau": records}
+        meta = {"format": STORE_FORMAT, "clouseau": records, **self.layout.metadata(items)}
         if block.rows:
             meta["clouseau.rows"] = json.dumps([list(r) for r in block.rows])
         write_file(self.part / block.file, [(r.key, a) for r, a in items], meta)
