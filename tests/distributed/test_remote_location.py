@@ -266,3 +266,16 @@ def test_record_to_a_url_uploads_and_writes_nothing_locally(s3, tmp_path, monkey
     assert {k: v for k, v in after.items() if not k.endswith(".clouseau.lock")} == {
         k: v for k, v in before.items() if not k.endswith(".clouseau.lock")
     }
+
+
+def test_refused_credentials_are_named(s3, monkeypatch, staging) -> None:
+    import moto.settings
+
+    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # moto checks keys
+    conf = {**fsspec.config.conf["s3"], "key": "wrong", "secret": "wrong"}
+    monkeypatch.setitem(fsspec.config.conf, "s3", conf)
+    with pytest.raises(
+        clouseau.CaptureError, match="the credentials were refused for 'clouseau-loc'"
+    ):
+        clouseau.instrument(workload.model(), select="fc1", path=f"s3://{BUCKET}/creds")
+    assert list(staging.iterdir()) == []
