@@ -21,8 +21,6 @@ import pytest
 import torch
 
 import clouseau
-from clouseau.capture import torch as torch_frontend
-from clouseau.distributed import open_sink
 from clouseau.store.safetensors_io import write_file
 from tests.distributed import workload
 from tests.distributed.launch import ROOT, env
@@ -217,8 +215,9 @@ def test_an_endpoint_that_stops_answering_fails_close_within_the_timeout(
         if not fs.exists(BUCKET):
             fs.mkdir(BUCKET)
         url = f"s3://{BUCKET}/hang"
-        sink = open_sink(url, max_size_mb=0.001, timeout_s=3)
-        fmodel = torch_frontend.instrument(workload.model(), select=workload.SELECT, sink=sink)
+        fmodel = clouseau.instrument(
+            workload.model(), select=workload.SELECT, path=url, max_size_mb=0.001, timeout_s=3
+        )
         with torch.no_grad():
             for batch in workload.batches():
                 fmodel(batch)
