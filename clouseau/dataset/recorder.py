@@ -24,9 +24,9 @@ from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
 from clouseau.ir.selection import SelectLike, check_select
 from clouseau.store.capture import Capture
-from clouseau.store.directory import capture_path, check_pattern, file_name, max_bytes
+from clouseau.store.directory import check_pattern, file_name, max_bytes
 from clouseau.store.layout import DEFAULT_PATTERN
-from clouseau.store.location import is_url
+from clouseau.store.location import resolve
 from clouseau.store.progress import Batch, Progress, write_progress
 from clouseau.store.reader import load
 from clouseau.store.stats import RunningStats
@@ -117,8 +117,9 @@ def record(
         raise ValueError("select=None records nothing; select points, e.g. select='h.*'")
     max_bytes(max_size_mb)
     names = check_pattern(filename_pattern)
-    if is_url(path):  # recorded locally, uploaded through the location layer
-        return _record_at_url(str(path), locals(), resume)
+    location = resolve(path)
+    if location.url is not None:  # recorded locally, uploaded through the location layer
+        return _record_at_url(location.url, locals(), resume)
     layout = Layout.make(rows, mask, fields)
     stat_globs = _globs(stats, "stats")
     frontend = frontend_for(model)
@@ -132,7 +133,8 @@ def record(
         "filename_pattern": filename_pattern,
         "forward": forward_identity(forward),
     }
-    root = capture_path(path)
+    root = location.path
+    assert root is not None  # a local directory (a URL returned above)
     # Under torchrun each rank records its share into a part of its own (docs/distributed.md);
     # the part takes every lock before anything is touched.
     part = record_part(root)

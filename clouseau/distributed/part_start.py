@@ -52,16 +52,28 @@ def together(group: Group, step: Callable[[], T]) -> T:
         result = step()
     except CaptureError as err:
         failure = str(err)
-    outcomes = group.gather(failure)
+    try:
+        outcomes = group.gather(failure)
+    except Exception as err:  # the group is gone: nothing more can be agreed on
+        _undo(result)
+        raise CaptureError(
+            f"the processes of {group.engine} could not agree on who writes the capture "
+            f"({type(err).__name__}: {err}); check that every rank runs the same code"
+        ) from err
     failed = [(rank, why) for rank, why in enumerate(outcomes) if isinstance(why, str)]
     if failed:
-        if failure is None and hasattr(result, "abandon"):
-            result.abandon()  # type: ignore[union-attr]
-        elif failure is None and isinstance(result, DirectoryLock):
-            result.release()
+        _undo(result)
         rank, why = failed[0]
         raise CaptureError(f"rank {rank} of {group.world_size}: {why}")
     return result  # type: ignore[return-value]
+
+
+def _undo(result: object) -> None:
+    """Give up what a step took (a sink that wrote nothing, a lock)."""
+    if hasattr(result, "abandon"):
+        result.abandon()
+    elif isinstance(result, DirectoryLock):
+        result.release()
 
 
 def _lock_dir(directory: Path) -> DirectoryLock:

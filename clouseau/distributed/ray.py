@@ -47,10 +47,9 @@ from clouseau.distributed.blocks import (
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.selection import SelectLike, check_select
 from clouseau.store.capture import encode_record
-from clouseau.store.directory import capture_path
 from clouseau.store.files import write_json
 from clouseau.store.layout import FORMAT as STORE_FORMAT
-from clouseau.store.location import is_url
+from clouseau.store.location import resolve
 from clouseau.store.lock import DirectoryLock
 from clouseau.store.safetensors_io import write_file
 
@@ -136,19 +135,21 @@ def record(
         raise ValueError("select=None records nothing; select points, e.g. select='h.*'")
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1; got {concurrency}")
-    if is_url(path):  # recorded into a local directory the actors share, then uploaded
+    location = resolve(path)
+    if location.url is not None:  # recorded into a local directory the actors share
         from clouseau.distributed.remote import record_at_url
 
         options = {"concurrency": concurrency, "batch_size": batch_size, "forward": forward,
                    "id_column": id_column, "resume": resume, "num_cpus": num_cpus,
                    "rows": rows, "mask": mask, "fields": fields, "stats": stats}  # fmt: skip
         return record_at_url(
-            str(path).rstrip("/"),
+            location.url,
             lambda local: record(dataset, model_factory, select, local, **options),
             resume,
         )
     layout = BlockLayout.make(rows, mask, fields, stats)  # a bad layout fails here
-    root = capture_path(path)
+    root = location.path
+    assert root is not None
     root.mkdir(parents=True, exist_ok=True)
     lock = DirectoryLock(root)  # a second run on this path is refused here
     try:

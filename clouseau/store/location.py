@@ -16,7 +16,8 @@ does them its own way:
   exit, and names on stderr what could not be written.
 
 The lock of a local directory is :class:`clouseau.store.lock.DirectoryLock`; the lock of a
-URL is :class:`clouseau.store.remote_lock.UrlLock`.
+URL is :class:`clouseau.store.remote.UrlLock`, with the time limits and errors of every
+remote call.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import contextlib
 import os
 import sys
 import weakref
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -248,10 +249,3 @@ def _close_quietly(close: Callable[[], None], where: str) -> None:
         close()
     except Exception as err:  # at exit nobody can catch it: say what is lost
         print(f"clouseau: closing the capture at {escaped(where)} failed: {err}", file=sys.stderr)
-
-
-def describe_status(status: Mapping[str, Any] | None) -> str:
-    """One phrase for what a status says (for messages)."""
-    if not status:
-        return "no status"
-    return f"{status.get('calls', 0)} call(s), {'closed' if status.get('closed') else 'open'}"
