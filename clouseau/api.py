@@ -15,6 +15,7 @@ from clouseau.ir.graph import Graph
 from clouseau.ir.interventions import check_intervene
 from clouseau.ir.selection import SelectLike, check_select
 from clouseau.store.layout import DEFAULT_PATTERN
+from clouseau.store.remote import TIMEOUT_S
 
 # Graph, Capture and DiffResult render as the explorer in notebooks, as tables in rich.
 install_reprs()
@@ -49,6 +50,7 @@ def instrument(
     *,
     intervene: Mapping[Any, Action] | None = None,
     grads: bool | SelectLike = False,
+    timeout_s: float = TIMEOUT_S,
 ) -> Any:
     """Compile ``model`` into a drop-in model that saves the selected activations.
 
@@ -78,6 +80,10 @@ def instrument(
         the same call, when the user runs ``loss.backward()`` (torch) or differentiates
         the model with ``jax.grad``; a glob (or any selection): the gradients of the
         points it selects.
+    timeout_s
+        For an fsspec URL ``path``: the limit in seconds on each remote call (the lock,
+        an upload of one file), so that an endpoint that stops answering makes
+        ``close()`` raise a ``CaptureError`` instead of blocking.
 
     Returns
     -------
@@ -92,7 +98,7 @@ def instrument(
     # The one check of select: the frontend's instrument takes it as checked.
     check_select(select)
     intervene = check_intervene(intervene)
-    sink = open_sink(path, max_size_mb, filename_pattern)
+    sink = open_sink(path, max_size_mb, filename_pattern, timeout_s=timeout_s)
     try:
         fmodel = frontend.instrument(
             model, select=select, sink=sink, intervene=intervene, grads=grads
@@ -100,7 +106,7 @@ def instrument(
         adapt_to_engine(model, fmodel)
         return fmodel
     except BaseException:
-        sink.close()
+        getattr(sink, "abandon", sink.close)()  # nothing was written: nothing changes
         raise
 
 

@@ -1,8 +1,9 @@
 """Digests that tell whether a resumed recording runs the same model over the same data.
 
 A model's digest covers its class, the names, shapes and dtypes of its parameters and
-buffers, and a strided sample of at most 4096 values of each, so that retrained weights are
-caught without hashing gigabytes. A batch's digest covers the shapes and dtypes of its
+buffers, and every byte of each: a change that a sample would miss (one zeroed column of a
+large layer) is caught. It costs one pass of BLAKE2b over the weights (512 MiB in 1.2 s on
+one core here, docs/datasets.md), paid once per ``record`` call. A batch's digest covers the shapes and dtypes of its
 arrays and a strided sample of their bytes.
 """
 
@@ -15,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-_SAMPLE = 4096
 _BATCH_BYTES = 1 << 20
 
 
@@ -28,34 +28,34 @@ def model_digest(model: Any) -> str:
     if code is not None:  # a plain function: its code, not its identity
         h.update(f"{model.__module__}.{model.__qualname__}".encode())
         h.update(code.co_code)
-    for name, array in _weights(model):
-        h.update(f"{name}:{array.dtype}:{array.shape}".encode())
-        flat = array.reshape(-1)
-        step = max(1, flat.size // _SAMPLE)
-        h.update(np.ascontiguousarray(flat[::step][:_SAMPLE]).tobytes())
+    for name, dtype, shape, raw in _weights(model):
+        h.update(f"{name}:{dtype}:{shape}".encode())
+        h.update(raw)
     return h.hexdigest()
 
 
-def _weights(model: Any) -> Iterator[tuple[str, np.ndarray]]:
+Weight = tuple[str, str, tuple[int, ...], memoryview]
+
+
+def _weights(model: Any) -> Iterator[Weight]:
+    """Each weight's name, dtype, shape and bytes (a view, no copy where it can)."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(model, torch.nn.Module):
         for name, tensor in model.state_dict().items():
             if isinstance(tensor, torch.Tensor):
-                yield name, _torch_numpy(tensor)
+                t = tensor.detach().cpu().contiguous().reshape(-1)
+                # Bytes through uint8: exact for every dtype, bf16 and float8 included.
+                raw = t.view(torch.uint8).numpy() if t.numel() else np.empty(0, np.uint8)
+                yield name, str(tensor.dtype), tuple(tensor.shape), memoryview(raw)
         return
     jax = sys.modules.get("jax")
     if jax is not None:
         leaves = jax.tree_util.tree_leaves_with_path(model)
         for keypath, leaf in leaves:
             if isinstance(leaf, jax.Array | np.ndarray):
-                yield jax.tree_util.keystr(keypath), np.asarray(leaf)
-
-
-def _torch_numpy(tensor: Any) -> np.ndarray:
-    import torch
-
-    t = tensor.detach().cpu()
-    return (t.float() if t.dtype is torch.bfloat16 else t).numpy()
+                array = np.ascontiguousarray(np.asarray(leaf))
+                raw = memoryview(array.reshape(-1).view(np.uint8))
+                yield jax.tree_util.keystr(keypath), str(array.dtype), array.shape, raw
 
 
 def batch_digest(batch: Any) -> str:

@@ -11,11 +11,11 @@ import contextlib
 import fnmatch
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from clouseau.capture import Frontend, frontend_for
 from clouseau.dataset.bar import Bar
+from clouseau.dataset.directory import Directory, forward_identity
 from clouseau.dataset.fingerprint import batch_digest, leaves, model_digest
 from clouseau.dataset.layout import BatchRows, FieldSource, Layout, take
 from clouseau.dataset.sink import BatchSink
@@ -24,26 +24,10 @@ from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
 from clouseau.ir.selection import SelectLike, check_select
 from clouseau.store.capture import Capture
-from clouseau.store.directory import (
-    capture_path,
-    check_clashes,
-    check_pattern,
-    file_name,
-    max_bytes,
-    owned,
-)
-from clouseau.store.files import read_json
-from clouseau.store.layout import DEFAULT_PATTERN, FORMAT, STATUS_FILE, graph_file, graph_id
-from clouseau.store.lock import DirectoryLock
-from clouseau.store.progress import (
-    RECORD_FILE,
-    Batch,
-    Progress,
-    check_same_run,
-    read_progress,
-    write_json_atomic,
-    write_progress,
-)
+from clouseau.store.directory import check_pattern, file_name, max_bytes
+from clouseau.store.layout import DEFAULT_PATTERN
+from clouseau.store.location import resolve
+from clouseau.store.progress import Batch, Progress, write_progress
 from clouseau.store.reader import load
 from clouseau.store.stats import RunningStats
 
@@ -133,6 +117,9 @@ def record(
         raise ValueError("select=None records nothing; select points, e.g. select='h.*'")
     max_bytes(max_size_mb)
     names = check_pattern(filename_pattern)
+    location = resolve(path)
+    if location.url is not None:  # recorded locally, uploaded through the location layer
+        return _record_at_url(location.url, locals(), resume)
     layout = Layout.make(rows, mask, fields)
     stat_globs = _globs(stats, "stats")
     frontend = frontend_for(model)
@@ -144,28 +131,54 @@ def record(
         "data_len": _length(data),
         "max_size_mb": max_size_mb,
         "filename_pattern": filename_pattern,
+        "forward": forward_identity(forward),
     }
-    root = capture_path(path)
-    # Under torchrun each rank records its share into a part of its own (docs/distributed.md).
+    root = location.path
+    assert root is not None  # a local directory (a URL returned above)
+    # Under torchrun each rank records its share into a part of its own (docs/distributed.md);
+    # the part takes every lock before anything is touched.
     part = record_part(root)
-    root = part.path if part is not None else root
-    lock = _lock(root)  # one writer per directory, as for instrument()
+    directory = (
+        Directory(part.path, part.lock, part.start) if part is not None else Directory.open(root)
+    )
     try:
-        previous = _open_directory(root, run, resume, names)
+        previous = directory.prepare(run, resume, names)
         if previous is not None and previous.done:
-            cap = load(root)
+            directory.repair(previous)  # a finished recording: nothing else changes
+            cap = load(directory.root)
         else:
             recorder = _Recorder(
-                root, frontend, model, select, layout, stat_globs, run, previous, on_error,
+                directory, frontend, model, select, layout, stat_globs, run, previous, on_error,
                 max_size_mb, filename_pattern, forward or _default_forward, Bar(run["data_len"], progress),
             )  # fmt: skip
             cap = recorder.run(data)
     finally:
-        lock.release()
+        directory.release()
     if part is None:
         return cap
     part.finish()
     return load(part.root)
+
+
+def _record_at_url(url: str, arguments: dict[str, Any], resume: bool) -> Capture:
+    from clouseau.distributed import current_group
+    from clouseau.distributed.remote import record_at_url
+
+    if current_group() is not None:
+        raise CaptureError(
+            f"clouseau.record under torchrun writes parts to a shared directory; {url} is a "
+            "URL: record to a directory every rank sees, then upload it (or use "
+            "clouseau.instrument, whose parts go to the URL)"
+        )
+    options = {k: v for k, v in arguments.items() if k in _OPTIONS}
+    model, data = arguments["model"], arguments["data"]
+    return record_at_url(
+        url.rstrip("/"), lambda local: record(model, data, path=local, **options), resume
+    )
+
+
+_OPTIONS = ("select", "forward", "rows", "mask", "fields", "stats", "resume", "on_error",
+            "progress", "max_size_mb", "filename_pattern")  # fmt: skip
 
 
 class _Recorder:
@@ -173,7 +186,7 @@ class _Recorder:
 
     def __init__(
         self,
-        root: Path,
+        directory: Directory,
         frontend: Frontend,
         model: Any,
         select: SelectLike,
@@ -187,6 +200,7 @@ class _Recorder:
         forward: Forward,
         bar: Bar,
     ) -> None:
+        self.directory, root = directory, directory.root
         self.root, self.layout, self.identity, self.on_error = root, layout, run, on_error
         self.stat_globs, self.forward, self.bar = stat_globs, forward, bar
         self.max_bytes = max_bytes(max_size_mb)
@@ -200,7 +214,8 @@ class _Recorder:
         self.written = len(self.done)  # batches in files listed by the progress record
         self.resumed = len(self.done)
         self.nbytes = 0
-        self.sink = BatchSink(root, _read_graphs(root) if previous else (), self._write_graph)
+        graphs = directory.graphs() if previous else ()
+        self.sink = BatchSink(root, graphs, self._write_graph)
         self.is_jax = frontend.name == "jax"
         self.fmodel = frontend.instrument(
             model, select=select, sink=self.sink, intervene=None, grads=False
@@ -228,6 +243,9 @@ class _Recorder:
             except StopIteration:
                 break
             except Exception as err:
+                if index < self.resumed and self.done[index].error is not None:
+                    index += 1  # it failed the same way when recorded: skipped again
+                    continue
                 if self.on_error == "stop" or index < self.resumed:
                     raise
                 self._skip(index, self._next_sample(), self._next_sample(), "", err)
@@ -257,6 +275,7 @@ class _Recorder:
             shaper = BatchRows(self.layout, mask)
             sink.shaper = shaper
             self._forward(batch)
+            self.directory.start()
             for name, array in shaper.fields(batch, start):
                 sink.put_field(name, array)
             if sink.began == 0:
@@ -284,6 +303,7 @@ class _Recorder:
         run_forward(self.forward, self.fmodel, batch, self.is_jax)
 
     def _skip(self, index: int, start: int, stop: int, digest: str, err: BaseException) -> None:
+        self.directory.start()
         self.sink.fail_call(index, err)
         self.done.append(Batch(index, start, stop, digest, self.sink.failed[index]))
 
@@ -311,6 +331,7 @@ class _Recorder:
 
     # -- files and the progress record -------------------------------------------------
     def _submit(self) -> None:
+        self.directory.start()
         name = file_name(self.pattern, len(self.files))
         self.files.append(name)
         snapshot = self._progress(done=False)
@@ -350,14 +371,18 @@ class _Recorder:
         if self.sink.buffer or self.sink.error is not None:
             # Batches that never reached a file: the record keeps listing what files hold.
             return
-        write_progress(self.root, self._progress(done))
+        if done:
+            self.directory.start()  # an empty recording is still a recording
+        if not self.directory.started:
+            return  # nothing traced: the earlier recording stays as it was
+        progress = self._progress(done)
+        write_progress(self.root, progress)
         self.written = len(self.done)
-        failed = {str(b.index): b.error for b in self.done if b.error is not None}
-        status = {"format": FORMAT, "calls": len(self.done), "closed": done}
-        write_json_atomic(self.root / STATUS_FILE, {**status, "failed_calls": failed})
+        self.directory.write_status(progress, len(self.sink.graphs))
 
     def _write_graph(self, graph_id: int, graph: Graph) -> None:
-        write_json_atomic(self.root / graph_file(graph_id), graph.to_json())
+        self.directory.start()  # the new run has traced: the earlier recording goes now
+        self.directory.write_graph(graph_id, graph)
 
 
 def _default_forward(fmodel: Any, batch: Any) -> Any:
@@ -402,49 +427,6 @@ def _describe(select: SelectLike) -> Any:
     if isinstance(select, list | tuple) and all(isinstance(s, str) for s in select):
         return list(select)
     return getattr(select, "__qualname__", repr(select))
-
-
-def _lock(root: Path) -> DirectoryLock:
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise CaptureError(f"cannot create {root}: {err.strerror or err}") from None
-    return DirectoryLock(root)
-
-
-def _open_directory(
-    root: Path, run: dict[str, Any], resume: bool, names: frozenset[str]
-) -> Progress | None:
-    """Prepare ``root``: the progress of the run to continue, or None (cleared)."""
-    check_clashes(root, names)
-    previous = read_progress(root) if resume else None
-    if previous is not None:
-        check_same_run(previous.run, run, root)
-    _clear(root, keep=set(previous.files) if previous else set(), graphs=previous is not None)
-    return previous
-
-
-def _clear(root: Path, keep: set[str], graphs: bool) -> None:
-    """Remove clouseau's own files from ``root`` (recognised by the format marker inside
-    them, never by name alone), but ``keep`` and, when resuming, the graphs and progress."""
-    for entry in os.scandir(root):
-        file, name = Path(entry.path), entry.name
-        if name in keep or entry.is_symlink() or not entry.is_file(follow_symlinks=False):
-            continue
-        if graphs and (name == RECORD_FILE or graph_id(name) is not None):
-            continue
-        if owned(file):
-            try:
-                file.unlink()
-            except OSError as err:
-                raise CaptureError(f"cannot remove {file}: {err.strerror or err}") from None
-
-
-def _read_graphs(root: Path) -> list[Graph]:
-    graphs = []
-    while (file := root / graph_file(len(graphs))).is_file():
-        graphs.append(Graph.from_json(read_json(file)))
-    return graphs
 
 
 def run_forward(forward: Any, fmodel: Any, batch: Any, is_jax: bool) -> None:

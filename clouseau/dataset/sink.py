@@ -77,6 +77,12 @@ class BatchSink:
         self._thread = threading.Thread(target=self._loop, name="clouseau-record", daemon=True)
         self._thread.start()
 
+    @property
+    def graphs(self) -> tuple[Graph, ...]:
+        """The graphs of the recording so far (ids in order)."""
+        with self._lock:
+            return tuple(self._graphs)
+
     # -- the Sink protocol -------------------------------------------------------------
     def add_graph(self, graph: Graph) -> int:
         with self._lock:

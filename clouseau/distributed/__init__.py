@@ -13,6 +13,7 @@ already in use.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ from clouseau.distributed.parts import (
 from clouseau.store import open_sink as _open_local_sink
 from clouseau.store.directory_sink import DirectorySink
 from clouseau.store.layout import DEFAULT_PATTERN
+from clouseau.store.location import is_url
+from clouseau.store.remote import TIMEOUT_S
 
 
 def current_group() -> Group | None:
@@ -53,17 +56,13 @@ def adapt_to_engine(model: Any, fmodel: Any) -> None:
     gather_sharded_parameters(model, fmodel)
 
 
-def is_url(path: object) -> bool:
-    """Whether ``path`` names an fsspec destination (``s3://bucket/run``, ``file:///tmp/x``)."""
-    return isinstance(path, str) and "://" in path
-
-
 def open_sink(
     path: str | os.PathLike[str] | None,
     max_size_mb: float = 1024,
     filename_pattern: str = DEFAULT_PATTERN,
     *,
     group: Group | None = None,
+    timeout_s: float = TIMEOUT_S,
 ) -> Any:
     """The sink an instrumented model writes to, wherever it runs and writes.
 
@@ -75,6 +74,8 @@ def open_sink(
         As for :class:`clouseau.store.DirectorySink`.
     group
         The processes writing together; found by :func:`current_group` when None.
+    timeout_s
+        For a URL: the limit on each remote call (an upload, the lock), in seconds.
 
     Returns
     -------
@@ -93,12 +94,16 @@ def open_sink(
     url = str(path).rstrip("/")
     filesystem(url)  # a bad URL fails before anything is created
     local = staging_directory()
-    inner = (
-        DirectorySink(local, max_size_mb, filename_pattern)
-        if group is None
-        else PartSink(local, group, max_size_mb, filename_pattern)
-    )
-    return RemoteSink(inner, local, url, group)
+    try:
+        inner = (
+            DirectorySink(local, max_size_mb, filename_pattern)
+            if group is None
+            else PartSink(local, group, max_size_mb, filename_pattern)
+        )
+    except BaseException:
+        shutil.rmtree(local, ignore_errors=True)
+        raise
+    return RemoteSink(inner, local, url, group, timeout_s)
 
 
 __all__ = [

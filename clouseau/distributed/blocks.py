@@ -18,7 +18,6 @@ import hashlib
 import itertools
 import json
 import re
-import shutil
 import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -33,7 +32,8 @@ from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
 from clouseau.store.capture import Capture, Entry, Record
 from clouseau.store.files import write_json
-from clouseau.store.layout import graph_file
+from clouseau.store.layout import graph_file, graph_id, is_exact_temp_name
+from clouseau.store.location import remove_empty
 from clouseau.store.progress import Batch
 from clouseau.store.reader import read_graph
 from clouseau.store.safetensors_io import read_array, read_header
@@ -161,12 +161,37 @@ def remove_unlisted(root: Path, blocks: Iterable[Block]) -> None:
                 file.unlink(missing_ok=True)
 
 
-def clear(root: Path) -> None:
-    """Remove the parts and the manifest of an earlier block capture in ``root``."""
-    for child in root.iterdir():
-        if _PART.fullmatch(child.name) and (child / PART_FILE).is_file():
-            shutil.rmtree(child)
-    (root / MANIFEST).unlink(missing_ok=True)
+def earlier_parts(root: Path, *, any_manifest: bool = False) -> tuple[str, ...]:
+    """The parts of an earlier block capture in ``root`` (read before a new run starts);
+    with ``any_manifest``, the parts there whether a manifest is or not."""
+    if not any_manifest and read_manifest(root) is None:
+        return ()
+    return tuple(
+        sorted(
+            c.name
+            for c in root.iterdir()
+            if _PART.fullmatch(c.name) and not c.is_symlink() and c.is_dir()
+        )
+    )
+
+
+def clear(root: Path, parts: Iterable[str]) -> None:
+    """Remove the parts ``parts`` of an earlier block capture in ``root``: clouseau's own
+    files by their names (blocks, graphs, ``part.json``, a worker's temporary files), each
+    directory only if nothing else is left in it."""
+    for name in parts:
+        part = root / name
+        if not part.is_dir() or part.is_symlink():
+            continue
+        ours = [
+            f.name
+            for f in part.iterdir()
+            if _BLOCK.fullmatch(f.name)
+            or graph_id(f.name) is not None
+            or f.name == PART_FILE
+            or is_exact_temp_name(f.name)
+        ]
+        remove_empty(part, ours)
 
 
 class IncompleteBlocksWarning(UserWarning):
@@ -180,9 +205,28 @@ class BlockCapture(Capture):
     block's rows, ``part(call)`` the worker part that holds it.
     """
 
-    def __init__(self, *args: Any, blocks: Sequence[Block], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        blocks: Sequence[Block],
+        stats: Sequence[Mapping[str, Any]] = (),
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._blocks = tuple(blocks)
+        self._stats = tuple(stats)
+
+    def stats(self, name: str) -> Any:
+        """The running statistics of ``name`` over the blocks (``stats=`` of the run)."""
+        from clouseau.distributed.block_layout import merged_stats
+
+        result = merged_stats(self._stats, name)
+        if result is None:
+            raise KeyError(
+                f"no statistics of {name!r} in this capture; record with "
+                f"clouseau.ray.record(..., stats=True) (or stats=[{name!r}])"
+            )
+        return result
 
     @property
     def batches(self) -> tuple[Batch, ...]:
@@ -223,14 +267,15 @@ def load_blocks(root: Path) -> BlockCapture:
     graphs: list[Graph] = []
     offsets: dict[str, int] = {}
     entries: list[Entry] = []
+    stats: list[Mapping[str, Any]] = []
     for call, block in enumerate(blocks):
         if block.part not in offsets:
             offsets[block.part] = len(graphs)
             graphs.extend(_part_graphs(root / block.part))
-        entries.extend(_block_entries(root, block, call, offsets[block.part]))
+        entries.extend(_block_entries(root, block, call, offsets[block.part], stats))
     return BlockCapture(
         tuple(entries), tuple(graphs), {}, root, closed=complete, blocks=blocks,
-        calls_made=len(blocks),
+        calls_made=len(blocks), stats=stats,
     )  # fmt: skip
 
 
@@ -251,18 +296,28 @@ def _part_graphs(part: Path) -> list[Graph]:
     return graphs
 
 
-def _block_entries(root: Path, block: Block, call: int, graph_offset: int) -> list[Entry]:
+def _block_entries(
+    root: Path, block: Block, call: int, graph_offset: int, stats: list[Mapping[str, Any]]
+) -> list[Entry]:
     file = root / block.part / block.file
     if not file.is_file():
         raise CaptureError(
             f"{root / MANIFEST} lists {block.part}/{block.file}, which is not there; the "
             "capture was changed after the run: record it again (or resume=True)"
         )
+    from clouseau.distributed.block_layout import SAMPLES_KEY, STATS_KEY, global_samples
+
     metadata, tensors = read_header(file)
     by_key = {t.key: t for t in tensors}
+    local = metadata.get(SAMPLES_KEY) == "local"
+    if STATS_KEY in metadata:
+        stats.append(json.loads(metadata[STATS_KEY]))
     entries = []
     for item in json.loads(metadata["clouseau"]):
         record = Record.from_json(item)
         moved = replace(record, call=call, graph=record.graph + graph_offset)
-        entries.append(Entry(moved, partial(read_array, file, by_key[record.key])))
+        read: Any = partial(read_array, file, by_key[record.key])
+        if local and record.node == "field" and record.name == "sample":
+            read = global_samples(block.rows, read)  # counted in the block: in the data
+        entries.append(Entry(moved, read))
     return entries

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -21,6 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from clouseau.distributed.merged import PartedCapture
+from clouseau.distributed.part_start import (
+    batches_digest,
+    begin_parts,
+    lock_part,
+    lock_root,
+    together,
+    warn_if_same_batches,
+)
 from clouseau.distributed.shards import ShardLog
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
@@ -29,7 +36,6 @@ from clouseau.store.capture import Capture, Entry
 from clouseau.store.directory_sink import DirectorySink
 from clouseau.store.files import write_json
 from clouseau.store.layout import DEFAULT_PATTERN, STATUS_FILE
-from clouseau.store.lock import DirectoryLock
 from clouseau.store.progress import Progress, read_progress
 from clouseau.store.reader import load
 
@@ -113,23 +119,15 @@ class PartSink(ForwardingSink):
     ) -> None:
         self.root = Path(root).absolute()
         self.group = group
-        if self.root.exists() and not self.root.is_dir():
-            raise CaptureError(f"the capture path {self.root} is a file; pass a directory")
-        self.root.mkdir(parents=True, exist_ok=True)
-        # Rank 0 holds the lock of the whole capture (a second run is refused before it
-        # touches anything), every rank the lock of its part (taken by its DirectorySink).
-        self._lock = DirectoryLock(self.root) if group.rank == 0 else None
         self.part = self.root / part_name(group.rank)
+        self._begun = False
+        # Every lock before anything is touched: rank 0 the whole capture's (so a second
+        # run is refused before any rank creates a part), then each rank its part's.
+        self._lock = lock_root(self.root, group)
         try:
-            self.inner = DirectorySink(self.part, max_size_mb, filename_pattern)
-            if group.rank == 0:
-                _remove_stale_parts(self.root, group.world_size)
-                _write_manifest(self.root, group, None)
-            about = {"format": FORMAT, "engine": group.engine, "rank": group.rank}
-            about["world_size"] = group.world_size
-            # The part numbers its calls 0, 1, 2...; the reader makes them global.
-            about["numbering"] = "local" if group.interleave else "global"
-            write_json(self.part / PART_FILE, about, replace=True)
+            self.inner = together(
+                group, lambda: DirectorySink(self.part, max_size_mb, filename_pattern)
+            )
         except BaseException:
             self._release()
             raise
@@ -138,6 +136,26 @@ class PartSink(ForwardingSink):
         # Called once the part is complete on disk and once the manifest is (an uploader
         # publishes them there).
         self.publish: Callable[[], None] = _nothing
+
+    def add_graph(self, graph: Graph) -> int:
+        self._begin()
+        return self.inner.add_graph(graph)
+
+    def begin_call(self) -> int:
+        self._begin()
+        return self.inner.begin_call()
+
+    def _begin(self) -> None:
+        # This rank has traced: the earlier capture's manifest and extra parts go now
+        # (the part's own files are its DirectorySink's).
+        if self._begun:
+            return
+        self._begun = True
+        begin_parts(self.root, self.group, self.part, {"numbering": self._numbering()})
+
+    def _numbering(self) -> str:
+        # The part numbers its calls 0, 1, 2...; the reader makes them global.
+        return "local" if self.group.interleave else "global"
 
     def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
         if not self.group.interleave:  # SPMD: every process has every call
@@ -149,7 +167,10 @@ class PartSink(ForwardingSink):
             return
         self._closed = True
         try:
-            self.shards.write()
+            if not (self.part / PART_FILE).exists():
+                self._begin()  # an empty capture is still a capture (none was there)
+            if self._begun:
+                self.shards.write()
             self.inner.close()
         finally:
             # Every rank takes part in the gather, even one whose writer failed: the
@@ -166,7 +187,10 @@ class PartSink(ForwardingSink):
 
     def _finish(self) -> None:
         summary = part_summary(self.part, self.group.rank)
-        self.publish()
+        if not self._begun:  # failed before it traced: the earlier capture stays
+            summary["begun"] = False
+        else:
+            self.publish()
         try:
             summaries = self.group.gather(summary)
         except Exception as err:  # a rank died or the group is gone: the manifest stays
@@ -179,8 +203,9 @@ class PartSink(ForwardingSink):
             )
             return
         if self.group.rank == 0:
-            _write_manifest(self.root, self.group, list(summaries))
-            self.publish()
+            if any(not isinstance(s, dict) or s.get("begun", True) for s in summaries):
+                write_manifest(self.root, self.group, list(summaries))
+                self.publish()
             self._release()
 
 
@@ -198,15 +223,20 @@ class RecordPart:
 
     def __init__(self, root: Path, group: Group) -> None:
         self.root, self.group = Path(root).absolute(), group
-        self.root.mkdir(parents=True, exist_ok=True)
-        if group.rank == 0:
-            _remove_stale_parts(self.root, group.world_size)
-            _write_manifest(self.root, group, None)
         self.path = self.root / part_name(group.rank)
-        self.path.mkdir(exist_ok=True)
+        self._root_lock = lock_root(self.root, group)
+        try:
+            self.lock = together(group, lambda: lock_part(self.path))
+        except BaseException:
+            if self._root_lock is not None:
+                self._root_lock.release()
+            raise
         self.about = {"format": FORMAT, "engine": group.engine, "rank": group.rank}
         self.about |= {"world_size": group.world_size, "numbering": "local", "kind": "record"}
-        write_json(self.path / PART_FILE, self.about, replace=True)
+
+    def start(self) -> None:
+        """This rank's run has traced: the part says who writes it, rank 0 the manifest."""
+        begin_parts(self.root, self.group, self.path, self.about)
 
     def finish(self) -> None:
         """Every rank has recorded its share: rank 0 writes the complete manifest."""
@@ -214,14 +244,26 @@ class RecordPart:
         # found done): the part says itself that it is finished, and how many batches.
         done = {"finished": True, "recorded": len(load(self.path).calls)}
         write_json(self.path / PART_FILE, self.about | done, replace=True)
-        summaries = self.group.gather(part_summary(self.path, self.group.rank))
-        if self.group.rank == 0:
-            _write_manifest(self.root, self.group, list(summaries))
+        try:
+            summaries = self.group.gather(part_summary(self.path, self.group.rank))
+            if self.group.rank == 0:
+                write_manifest(self.root, self.group, list(summaries))
+                warn_if_same_batches(self.path, self.group, summaries)
+        finally:
+            if self._root_lock is not None:
+                self._root_lock.release()
 
 
 def part_summary(part: Path, rank: int) -> dict[str, Any]:
     """What the manifest records of a closed part: its files and its call count."""
-    return {"name": part.name, "rank": rank, "files": _visible_files(part), "calls": _calls(part)}
+    summary = {
+        "name": part.name,
+        "rank": rank,
+        "files": _visible_files(part),
+        "calls": _calls(part),
+    }
+    digest = batches_digest(part)
+    return summary if digest is None else {**summary, "batches": digest}
 
 
 def _calls(part: Path) -> int:
@@ -245,7 +287,7 @@ def _visible_files(part: Path) -> list[str]:
     )
 
 
-def _write_manifest(root: Path, group: Group, parts: list[Any] | None) -> None:
+def write_manifest(root: Path, group: Group, parts: list[Any] | None) -> None:
     manifest = {
         "format": FORMAT,
         "engine": group.engine,
@@ -255,14 +297,6 @@ def _write_manifest(root: Path, group: Group, parts: list[Any] | None) -> None:
         "parts": parts if parts is not None else [],
     }
     write_json(root / MANIFEST, manifest, replace=True)
-
-
-def _remove_stale_parts(root: Path, world_size: int) -> None:
-    # Parts of an earlier run with more processes would be read as this run's.
-    for child in root.iterdir():
-        match = _PART.fullmatch(child.name)
-        if match and child.is_dir() and int(match.group(1)) >= world_size:
-            shutil.rmtree(child)
 
 
 def is_parted(path: Path) -> bool:

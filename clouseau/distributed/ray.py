@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from clouseau.dataset.layout import FieldSource
+from clouseau.distributed.block_layout import BlockLayout
 from clouseau.distributed.blocks import (
     FORMAT,
     PART_FILE,
@@ -34,6 +36,7 @@ from clouseau.distributed.blocks import (
     content_digest,
     content_file,
     content_of,
+    earlier_parts,
     found_blocks,
     load_blocks,
     read_manifest,
@@ -44,9 +47,9 @@ from clouseau.distributed.blocks import (
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.selection import SelectLike, check_select
 from clouseau.store.capture import encode_record
-from clouseau.store.directory import capture_path
 from clouseau.store.files import write_json
 from clouseau.store.layout import FORMAT as STORE_FORMAT
+from clouseau.store.location import resolve
 from clouseau.store.lock import DirectoryLock
 from clouseau.store.safetensors_io import write_file
 
@@ -69,6 +72,10 @@ def record(
     id_column: str | None = None,
     resume: bool = False,
     num_cpus: float = 1,
+    rows: bool | str | Sequence[str] = False,
+    mask: FieldSource | None = None,
+    fields: Sequence[str] | Mapping[str, FieldSource] | None = None,
+    stats: bool | str | Sequence[str] = False,
 ) -> BlockCapture:
     """Run a model over a Ray Data dataset on ``concurrency`` actors and record activations.
 
@@ -103,6 +110,12 @@ def record(
         CPUs Ray reserves per actor (fractions let other tasks share a small machine).
         Ray Data restarts a dead actor and retries its tasks (its defaults
         ``max_restarts=-1``, ``max_task_retries=-1``).
+    rows, mask, fields, stats
+        As for :func:`clouseau.record`: points stored as rows (padding dropped with
+        ``mask``, the fields ``sample`` and ``position`` beside them, ``sample`` counting
+        the rows of the data), columns stored beside the activations, running statistics
+        read with ``cap.stats(name)``. Functions given as ``mask`` or ``fields`` are
+        pickled to the actors.
 
     Returns
     -------
@@ -122,31 +135,73 @@ def record(
         raise ValueError("select=None records nothing; select points, e.g. select='h.*'")
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1; got {concurrency}")
-    root = capture_path(path)
+    location = resolve(path)
+    if location.url is not None:  # recorded into a local directory the actors share
+        from clouseau.distributed.remote import record_at_url
+
+        options = {"concurrency": concurrency, "batch_size": batch_size, "forward": forward,
+                   "id_column": id_column, "resume": resume, "num_cpus": num_cpus,
+                   "rows": rows, "mask": mask, "fields": fields, "stats": stats}  # fmt: skip
+        return record_at_url(
+            location.url,
+            lambda local: record(dataset, model_factory, select, local, **options),
+            resume,
+        )
+    layout = BlockLayout.make(rows, mask, fields, stats)  # a bad layout fails here
+    root = location.path
+    assert root is not None
     root.mkdir(parents=True, exist_ok=True)
     lock = DirectoryLock(root)  # a second run on this path is refused here
     try:
-        run = _identity(model_factory, select, batch_size, id_column)
+        run = {**_identity(model_factory, select, batch_size, id_column), **layout.describe()}
         done = _previous(root, run) if resume else {}
-        if not resume:
-            clear(root)
-            write_manifest(root, run, (), complete=False)
+        # The earlier capture goes only once this run has produced its first block (a
+        # model that fails in every actor, a typo in select, leave it as it was).
+        manifest = _Manifest(root, run, () if resume else earlier_parts(root))
         results = _checked(dataset, id_column).map_batches(
             _Worker,
             fn_constructor_kwargs={
                 "root": str(root), "model_factory": model_factory, "select": select,
                 "forward": forward, "id_column": id_column,
                 "done": [b.to_json() for b in done.values()], "batch_size": batch_size,
+                "layout": layout,
             },
             batch_size=batch_size and batch_size * _BATCHES_PER_CALL, batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=concurrency), num_cpus=num_cpus,
         )  # fmt: skip
-        blocks = _collect(results, id_column is None, lambda b: write_manifest(root, run, b, False))
-        write_manifest(root, run, blocks, complete=True)
+        try:
+            blocks = _collect(results, id_column is None, manifest.save)
+        except BaseException:
+            manifest.abandon()
+            raise
+        manifest.save(blocks, complete=True)
         remove_unlisted(root, blocks)  # what killed actors wrote and nobody reported
     finally:
         lock.release()
     return load_blocks(root)
+
+
+class _Manifest:
+    """Writes the manifest as blocks are reported; the first write removes the earlier
+    capture's parts (``earlier``)."""
+
+    def __init__(self, root: Path, run: dict[str, Any], earlier: Sequence[str]) -> None:
+        self.root, self.run, self.earlier = root, run, tuple(earlier)
+        self.before = set(earlier_parts(root, any_manifest=True))
+        self.saved = False
+
+    def save(self, blocks: Sequence[Block], complete: bool = False) -> None:
+        if self.earlier:
+            clear(self.root, self.earlier)
+            self.earlier = ()
+        write_manifest(self.root, self.run, blocks, complete)
+        self.saved = True
+
+    def abandon(self) -> None:
+        """The run failed before its first block: remove the parts its actors created."""
+        if not self.saved:
+            new = set(earlier_parts(self.root, any_manifest=True)) - self.before
+            clear(self.root, sorted(new))
 
 
 def _identity(
@@ -197,7 +252,7 @@ def _collect(results: Any, in_order: bool, save: Callable[[list[Block]], None]) 
                 report["rows"], rows = [[rows, rows + size]], rows + size
             block = Block.from_json(report)
             blocks.setdefault(block.rows, block)  # a retried block: the first report stays
-            if time.monotonic() - last > _MANIFEST_EVERY_S:
+            if len(blocks) == 1 or time.monotonic() - last > _MANIFEST_EVERY_S:
                 save(list(blocks.values()))
                 last = time.monotonic()
     finally:
@@ -217,6 +272,7 @@ class _Worker:
         id_column: str | None,
         done: Sequence[Mapping[str, Any]],
         batch_size: int | None,
+        layout: BlockLayout,
     ) -> None:
         from clouseau.capture import frontend_for
         from clouseau.dataset.sink import BatchSink
@@ -228,7 +284,7 @@ class _Worker:
         self.done_content = {
             content_of(b.file): b for b in self.done.values() if content_of(b.file)
         }
-        self.batch_size = batch_size
+        self.batch_size, self.layout = batch_size, layout
         self.writer = ThreadPoolExecutor(1, thread_name_prefix="clouseau-blocks")
         self.part = self.root / f"part-{uuid.uuid4().hex[:12]}"
         self.part.mkdir()
@@ -289,7 +345,11 @@ class _Worker:
 
         self.sink.start_batch(0)
         try:
+            shaper = self.layout.shaper(batch)
+            self.sink.shaper = shaper
             run_forward(self.forward, self.fmodel, self._inputs(batch), self.is_jax)
+            for name, array in shaper.fields(batch, 0):  # samples counted in the block
+                self.sink.put_field(name, array)
             self.sink.end_batch()
             return self.sink.buffer
         finally:
@@ -297,7 +357,7 @@ class _Worker:
 
     def _write(self, block: Block, items: list[tuple[Any, np.ndarray]]) -> None:
         records = "[" + ",".join(encode_record(r) for r, _ in items) + "]"
-        meta = {"format": STORE_FORMAT, "clouseau": records}
+        meta = {"format": STORE_FORMAT, "clouseau": records, **self.layout.metadata(items)}
         if block.rows:
             meta["clouseau.rows"] = json.dumps([list(r) for r in block.rows])
         write_file(self.part / block.file, [(r.key, a) for r, a in items], meta)

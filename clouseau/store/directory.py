@@ -1,9 +1,8 @@
 """The capture directory before writing: its path, its file names, and what it holds.
 
 Checks that fail before anything is touched: a path that names a directory to create or
-reuse, a file name pattern whose every name stays a plain file in it, no file of someone
-else in the way. Then, once a new capture has traced, the earlier capture is removed:
-only files whose content proves that clouseau wrote them.
+reuse, a file name pattern whose every name stays a plain file in it. What an earlier
+capture may lose, and when, is :mod:`clouseau.store.location`'s.
 """
 
 from __future__ import annotations
@@ -15,17 +14,8 @@ import os
 from pathlib import Path
 
 from clouseau.ir.errors import CaptureError
-from clouseau.store.files import read_head, read_json
-from clouseau.store.layout import (
-    DEFAULT_PATTERN,
-    FORMAT,
-    HEAD_BYTES,
-    MARKERS,
-    STATUS_FILE,
-    is_exact_temp_name,
-    is_named_like_ours,
-    is_temp_name,
-)
+from clouseau.store.files import read_json
+from clouseau.store.layout import DEFAULT_PATTERN, FORMAT, STATUS_FILE
 
 _NAME_MAX = 255  # bytes in one file name on every common file system
 
@@ -125,61 +115,6 @@ def file_name(pattern: str, idx: int) -> str:
             f"{problem}; {example}"
         )
     return name
-
-
-def owned(file: Path) -> bool:
-    """Whether ``file`` is a regular file whose first bytes hold clouseau's format marker
-    (or an empty temporary file under the exact name a clouseau writer gives them)."""
-    head = read_head(file, HEAD_BYTES)
-    if not head and is_exact_temp_name(file.name):
-        return file.is_file() and not file.is_symlink()
-    return any(marker in head for marker in MARKERS)
-
-
-def check_clashes(path: Path, mine: frozenset[str]) -> None:
-    """Refuse a directory holding someone else's file under a name clouseau would write
-    (``mine``: the data file names checked up front)."""
-    if not path.is_dir():
-        return
-    for entry in os.scandir(path):
-        name = entry.name
-        if not (is_named_like_ours(name) or name in mine):
-            continue
-        if (
-            entry.is_symlink()
-            or not entry.is_file(follow_symlinks=False)
-            or not owned(Path(entry.path))
-        ):
-            raise CaptureError(
-                f"{entry.path} is in the way: the capture would write a file of that name, "
-                "and this one was not written by clouseau (it is never overwritten or "
-                "removed). Move it, or pick another path or filename_pattern"
-            )
-
-
-def remove_previous(path: Path) -> None:
-    """Remove the files of an earlier capture: only those whose content clouseau wrote.
-
-    Its safetensors files, ``graph-NNN.json``, ``status.json`` and the temporary files of
-    an interrupted writer, each recognised by the format marker inside it, never by its
-    name alone; links and anything else are left alone.
-    """
-    for entry in os.scandir(path):
-        name = entry.name
-        candidate = is_named_like_ours(name) or name.endswith(".safetensors") or is_temp_name(name)
-        if not candidate or entry.is_symlink() or not entry.is_file(follow_symlinks=False):
-            continue
-        if not owned(Path(entry.path)):
-            continue
-        try:
-            os.unlink(entry.path)
-        except FileNotFoundError:
-            pass
-        except OSError as err:
-            raise CaptureError(
-                f"cannot remove {entry.path} of an earlier capture: {err.strerror or err}; "
-                "remove it, or pick another path"
-            ) from None
 
 
 def read_status(path: Path) -> dict[str, object] | None:

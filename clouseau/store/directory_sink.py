@@ -81,6 +81,11 @@ class DirectorySink:
     def close(self) -> None:
         self._core.close()
 
+    def abandon(self) -> None:
+        """Give the sink up: nothing is written if nothing was (see ``Core.abandon``)."""
+        self._finalizer.detach()
+        self._core.abandon()
+
     def capture(self) -> Capture:
         self._core.flush()
         from clouseau.store.reader import load

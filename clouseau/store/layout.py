@@ -93,3 +93,12 @@ def is_capture_file(file: Path, *, strict: bool = False) -> bool:
             raise
         return False
     return metadata.get("format") == FORMAT
+
+
+def escaped(text: object) -> str:
+    """``text`` (a path, a name) with control characters escaped, for one line printed or
+    raised: a name holding an ESC sequence or a newline cannot forge a terminal line."""
+    raw = str(text)
+    if raw.isprintable():
+        return raw
+    return raw.encode("unicode_escape", "backslashreplace").decode("ascii")

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from clouseau.ir.errors import CaptureError
-from clouseau.store.layout import LOCK_FILE
+from clouseau.store.layout import LOCK_FILE, escaped
 
 try:
     import fcntl
@@ -76,10 +76,14 @@ def _open(path: Path) -> int:
             if err.errno == errno.ELOOP
             else err.strerror or str(err)
         )
-        raise CaptureError(f"cannot lock the capture directory with {path}: {why}") from None
+        raise CaptureError(
+            f"cannot lock the capture directory with {escaped(path)}: {why}"
+        ) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise CaptureError(f"cannot lock the capture directory: {path} is not a regular file")
+        raise CaptureError(
+            f"cannot lock the capture directory: {escaped(path)} is not a regular file"
+        )
     return fd
 
 
@@ -108,4 +112,4 @@ def _refusal(directory: Path, holder: dict[str, object]) -> str:
             f"process {pid} on host {host}, since {when}: wait for it to finish, or give "
             "this model another path"
         )
-    return f"the capture directory {directory} is being written by {who}"
+    return f"the capture directory {escaped(directory)} is being written by {who}"

@@ -116,6 +116,7 @@ def check_same_run(old: dict[str, Any], new: dict[str, Any], path: Path) -> None
         "data_len": "the length of the data",
         "max_size_mb": "max_size_mb",
         "filename_pattern": "filename_pattern",
+        "forward": "forward= (the function that runs a batch)",
     }
     for key, label in what.items():
         if key == "data_len" and None in (old.get(key), new.get(key)):

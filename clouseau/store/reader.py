@@ -24,7 +24,7 @@ from clouseau.store.capture import Capture, Entry, Record
 from clouseau.store.directory import read_status
 from clouseau.store.files import read_json
 from clouseau.store.graphcheck import check_types
-from clouseau.store.layout import FORMAT, STATUS_FILE, graph_file, graph_id
+from clouseau.store.layout import FORMAT, RECORD_FILE, STATUS_FILE, graph_file, graph_id
 from clouseau.store.safetensors_io import TensorEntry, read_array, read_header
 
 # What parsing damaged JSON into the IR may raise; each becomes a CaptureError.
@@ -137,6 +137,9 @@ class _Scan:
         for name in listed if isinstance(listed, list) else ():
             if isinstance(name, str) and name not in names:
                 self.damaged[name] = "missing: status.json lists it as written"
+        for name in _recorded_files(self.path) if RECORD_FILE in names else ():
+            if name not in names:  # a recording's progress record lists every file
+                self.damaged.setdefault(name, f"missing: {RECORD_FILE} lists it as written")
         self._drop_duplicates()
         self.graph_tuple = self._graph_tuple()
 
@@ -228,6 +231,16 @@ def _partial_calls(
     }
     partial.update(_int_keyed(status.get("lost_calls")))
     return partial
+
+
+def _recorded_files(path: Path) -> list[str]:
+    """The files a recording's ``record.json`` lists (none if it is not one)."""
+    try:
+        progress = read_json(path / RECORD_FILE)
+    except CaptureError:
+        return []
+    files = progress.get("files") if isinstance(progress, dict) else None
+    return [f for f in files if isinstance(f, str)] if isinstance(files, list) else []
 
 
 def _calls(text: object) -> frozenset[int]:

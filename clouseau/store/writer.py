@@ -33,10 +33,11 @@ from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
 from clouseau.ir.sink import SavedValue
 from clouseau.store.capture import Record, encode_record
-from clouseau.store.directory import check_clashes, file_name, read_status, remove_previous
+from clouseau.store.directory import file_name, read_status
 from clouseau.store.files import write_json
 from clouseau.store.jobs import Item, Job, metadata, probe, span
 from clouseau.store.layout import DEFAULT_PATTERN, FORMAT, STATUS_FILE, graph_file
+from clouseau.store.location import check_clashes, previous_files, remove_previous
 from clouseau.store.lock import DirectoryLock
 from clouseau.store.memory import Calls, check_saved_dtypes, describe
 from clouseau.store.safetensors_io import entry_cost, header_overhead, write_file
@@ -65,7 +66,9 @@ class Core:
                 "pass a writable directory"
             ) from None
         try:
-            check_clashes(path, names)
+            # Read under the lock; removed only at the first trace (_start).
+            self._previous = previous_files(path)
+            check_clashes(path, names, self._previous)
             probe(path)
         except BaseException:
             self._dirlock.release()
@@ -207,6 +210,21 @@ class Core:
                 self._thread.join()
                 self._finish()
 
+    def abandon(self) -> None:
+        """Stop without writing: for a sink given up before anything was put (a refused
+        run of several processes, a failed ``instrument``), which must leave the
+        directory as it found it. Once started, it closes as usual."""
+        if self._started:
+            self.close()
+            return
+        with self._calls.lock:
+            self._calls.closed = True
+            with self._cv:
+                self._stopping = True
+                self._cv.notify_all()
+        self._thread.join()
+        self._dirlock.release()
+
     def close_quietly(self) -> None:
         """Close at interpreter exit or when dropped; a failure is one line on stderr."""
         try:
@@ -230,7 +248,7 @@ class Core:
         # The earlier capture goes only now, once the new one has traced: a typo in
         # select or a bad input leaves it as it was.
         if not self._started:
-            remove_previous(self.path)
+            remove_previous(self.path, self._previous)
             self._started = True
             self._write_status(force=True)
 
@@ -413,6 +431,8 @@ class Core:
                 "failed_calls": {str(k): v for k, v in sorted(dict(calls.failed).items())},
                 "lost_calls": {str(k): v for k, v in sorted(dict(self._lost).items())},
                 "files": list(self._written),
+                "pattern": self.pattern,
+                "graphs": len(calls.graphs),
                 "done": sorted(self._done | self._done_pending),
                 "pid": os.getpid(),
             }

@@ -20,7 +20,9 @@ def _rank(path, rank: int, *, close: bool = True, peer_died: bool = False):
     """Rank ``rank`` of 2 over its batches ``rank::2``; rank 0 runs last (it gathers)."""
 
     def gather(summary: object) -> list[object]:
-        if peer_died:
+        if not isinstance(summary, dict):  # the locks' outcomes, at the start
+            return [summary, None] if rank == 0 else [None, summary]
+        if peer_died:  # the peer dies after the start: the closing gather fails
             raise RuntimeError("Connection closed by peer")
         other = part_summary(path / "rank-00001", 1) if rank == 0 else None
         return [summary, other] if rank == 0 else [other, summary]

@@ -177,6 +177,8 @@ def test_file_metadata_follows_the_contract(tmp_path: Path) -> None:
         "failed_calls": {},
         "lost_calls": {},
         "files": [file.name],
+        "pattern": "activations-{idx:03d}.safetensors",
+        "graphs": 0,
         "done": [],
         "pid": os.getpid(),
     }
