@@ -14,7 +14,6 @@ import os
 import re
 import warnings
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 from clouseau.ir.errors import CaptureError, ClouseauError
@@ -25,7 +24,8 @@ from clouseau.store.directory import read_status
 from clouseau.store.files import read_json
 from clouseau.store.graphcheck import check_types
 from clouseau.store.layout import FORMAT, STATUS_FILE, graph_file, graph_id
-from clouseau.store.safetensors_io import TensorEntry, read_array, read_header
+from clouseau.store.safetensors_io import TensorEntry, read_header
+from clouseau.store.sources import Stamp, TensorSource
 
 # What parsing damaged JSON into the IR may raise; each becomes a CaptureError.
 _PARSE_ERRORS = (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError)
@@ -122,6 +122,7 @@ class _Scan:
 
     def run(self) -> None:
         names = sorted(os.listdir(self.path))
+        present = set(names)  # a set: load stays linear in the number of files
         try:
             self.status = read_status(self.path)
         except CaptureError as err:
@@ -135,7 +136,7 @@ class _Scan:
                 self._read_graph(name, graph)
         listed = self.status.get("files", []) if self.status else []
         for name in listed if isinstance(listed, list) else ():
-            if isinstance(name, str) and name not in names:
+            if isinstance(name, str) and name not in present:
                 self.damaged[name] = "missing: status.json lists it as written"
         self._drop_duplicates()
         self.graph_tuple = self._graph_tuple()
@@ -143,6 +144,7 @@ class _Scan:
     def _read_file(self, name: str) -> None:
         file = self.path / name
         try:
+            stamp = _stamp(file)
             metadata, tensors = read_header(file)
         except CaptureError as err:
             self.damaged[name] = str(err)
@@ -151,7 +153,7 @@ class _Scan:
             self.foreign += 1
             return
         try:
-            entries = _entries(file, metadata, tensors)
+            entries = _entries(file, metadata, tensors, stamp)
             marks = _calls(metadata.get("open")), _calls(metadata.get("done"))
         except CaptureError as err:
             self.damaged[name] = str(err)
@@ -249,6 +251,7 @@ def _int_keyed(value: object) -> dict[int, str]:
 
 
 def _load_file(file: Path) -> Capture:
+    stamp = _stamp(file)
     metadata, tensors = read_header(file)
     if metadata.get("format") != FORMAT:
         raise CaptureError(
@@ -256,7 +259,7 @@ def _load_file(file: Path) -> Capture:
         )
     directory = file.parent
     scan = _Scan(directory)
-    entries = _entries(file, metadata, tensors)
+    entries = _entries(file, metadata, tensors, stamp)
     for name in sorted(os.listdir(directory)):
         if (graph := graph_id(name)) is not None:
             scan._read_graph(name, graph)
@@ -268,7 +271,18 @@ def _load_file(file: Path) -> Capture:
     return Capture(tuple(entries), scan._graph_tuple(), failed, directory)
 
 
-def _entries(file: Path, metadata: dict[str, str], tensors: tuple[TensorEntry, ...]) -> list[Entry]:
+def _stamp(file: Path) -> Stamp:
+    # Taken before the header is read: a file replaced in between fails the check of its
+    # first read instead of lending the old header to the new bytes.
+    stamp = Stamp.current(file)
+    if stamp is None:
+        raise CaptureError(f"{file} vanished while the capture was loaded")
+    return stamp
+
+
+def _entries(
+    file: Path, metadata: dict[str, str], tensors: tuple[TensorEntry, ...], stamp: Stamp
+) -> list[Entry]:
     by_key = {t.key: t for t in tensors}
     entries = []
     for record in _records(file, metadata):
@@ -277,7 +291,7 @@ def _entries(file: Path, metadata: dict[str, str], tensors: tuple[TensorEntry, .
             raise CaptureError(
                 f"{file}: the metadata lists {record.key!r} but the file does not hold it"
             )
-        entries.append(Entry(record, partial(read_array, file, tensor)))
+        entries.append(Entry(record, TensorSource(file, tensor, stamp)))
     return entries
 
 
