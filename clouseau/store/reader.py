@@ -271,6 +271,21 @@ def _load_file(file: Path) -> Capture:
     return Capture(tuple(entries), scan._graph_tuple(), failed, directory)
 
 
+def file_entries(file: Path) -> list[Entry]:
+    """The arrays of one clouseau file: its header read, checked and stamped.
+
+    Raises
+    ------
+    CaptureError
+        The file is damaged, a link, not a regular file, or not written by clouseau.
+    """
+    stamp = _stamp(file)
+    metadata, tensors = read_header(file)
+    if metadata.get("format") != FORMAT:
+        raise CaptureError(f"{file} was not written by clouseau (no clouseau metadata)")
+    return _entries(file, metadata, tensors, stamp)
+
+
 def _stamp(file: Path) -> Stamp:
     # Taken before the header is read: a file replaced in between fails the check of its
     # first read instead of lending the old header to the new bytes.
