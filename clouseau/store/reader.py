@@ -9,10 +9,13 @@ warning; ``strict=True`` raises instead). Calls whose values are not all on disk
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,7 +81,8 @@ def load(path: str | os.PathLike[str], *, strict: bool = False) -> Capture:
             f"{path} does not exist; pass the directory given to clouseau.instrument(path=...)"
         )
     scan = _Scan(path)
-    scan.run()
+    with _collector_paused():
+        scan.run()
     if not (scan.files or scan.status is not None or scan.graphs or scan.damaged):
         raise CaptureError(
             f"{path} is not a clouseau capture: it has no .safetensors files written by "
@@ -95,7 +99,26 @@ def load(path: str | os.PathLike[str], *, strict: bool = False) -> Capture:
             DamagedCaptureWarning,
             stacklevel=2,
         )
-    return scan.capture()
+    with _collector_paused():
+        return scan.capture()
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while headers are parsed.
+
+    Loading makes a few objects per file that all stay alive (records, entries), and each
+    collection the allocation count triggers walks every one made before: with the
+    collector on, 40,000 files took 4.4x the time of 10,000 and a third of it was the
+    collector's. Nothing made here forms a cycle, so nothing is left for it to find.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @dataclass(frozen=True)
