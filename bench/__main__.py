@@ -46,6 +46,7 @@ COMPARISONS: dict[str, tuple[str, str, str]] = {
     "dataset-read": ("bench.bench_dataset", "read_throughput", ""),
     "dataset-arrow": ("bench.bench_dataset", "versus_arrow", ""),
     "dataset-memory": ("bench.bench_dataset", "peak_memory", ""),
+    "load-files": ("bench.bench_load", "load_scaling", ""),
     "dist-torchrun": ("bench.bench_distributed", "torchrun_scaling", ""),
     "dist-upload": ("bench.bench_distributed", "upload_vs_disk", ""),
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from clouseau.store.array_stats import array_stats
 from clouseau.store.capture import Capture
 from clouseau.store.diff import DiffResult
 from clouseau.store.diff import diff as diff_captures
+from clouseau.store.layout import graph_id
 
 # A notebook cell shows the page in an iframe this tall (pixels).
 NOTEBOOK_HEIGHT = 560
@@ -91,7 +92,7 @@ def explore_input(source: Any, *, depth: int | None = None, title: str | None = 
         return _from_diff(source, _capture(_side(source.a)), depth, title)
     if isinstance(source, Capture | str | os.PathLike):
         cap = _capture(source)
-        return ExploreInput(_graph(cap), title or _label(cap), _arrays(cap), depth=depth)
+        return ExploreInput(_graph(cap), title or _label(cap), depth=depth, stats=_stats(cap))
     return _from_model(source, depth, title)
 
 
@@ -116,6 +117,13 @@ def _capture(source: Any) -> Capture:
 
 
 def _graph(cap: Capture) -> Graph:
+    graphs = {k: v for k, v in cap.damaged.items() if graph_id(k.rsplit("/", 1)[-1]) is not None}
+    if cap.graph is None and graphs:
+        name, why = next(iter(sorted(graphs.items())))
+        raise ClouseauError(
+            f"{_label(cap)} holds a damaged graph, so there is nothing to lay out: {name}: "
+            f"{why}. Restore the file, or run the instrumented model again to write it"
+        )
     if cap.graph is None:
         raise ClouseauError(
             f"{_label(cap)} holds no graph (graph-000.json): it was not written by an "
@@ -128,14 +136,36 @@ def _label(cap: Capture) -> str:
     return str(cap.path) if cap.path else "capture"
 
 
-def _arrays(cap: Capture) -> dict[str, list[tuple[int, np.ndarray]]]:
-    calls: dict[str, list[int]] = {}
+def _values(cap: Capture) -> Iterator[tuple[tuple[str, ...], int, np.ndarray]]:
+    """Every saved value once, ``(names, call, array)``, read one at a time.
+
+    Nothing is kept: the explorer and the terminal table reduce each array to its
+    statistics before the next is read, so memory stays about the largest array (a
+    capture of gigabytes is never held whole).
+    """
+    calls: dict[tuple[str, ...], list[int]] = {}
     for record in cap.records:
-        for name in record.names:
-            seen = calls.setdefault(name, [])
-            if record.call not in seen:
-                seen.append(record.call)
-    return {name: [(c, cap.get(name, call=c)) for c in cs] for name, cs in calls.items()}
+        seen = calls.setdefault(record.names, [])
+        if not seen or seen[-1] != record.call:  # records come in call order
+            seen.append(record.call)
+    for names, cs in calls.items():
+        for call in cs:
+            yield names, call, cap.get(names[0], call=call)
+
+
+def _stats(cap: Capture) -> dict[str, tuple[Any, ...]]:
+    """Every point's per-call statistics, computed one array at a time (see ``_values``)."""
+    from clouseau.exporters.explore import call_stats
+
+    found: dict[tuple[str, ...], list[Any]] = {}
+    for names, call, array in _values(cap):
+        found.setdefault(names, []).append(call_stats(call, array))
+        del array  # before the next one is read
+    out: dict[str, tuple[Any, ...]] = {}
+    for names, stats in found.items():
+        for name in names:
+            out.setdefault(name, tuple(stats))
+    return out
 
 
 def _from_diff(result: DiffResult, cap: Capture, depth: int | None, title: str | None) -> Any:
@@ -159,11 +189,12 @@ def _from_diff(result: DiffResult, cap: Capture, depth: int | None, title: str |
     return ExploreInput(
         _graph(cap),
         title or f"diff {result.a} vs {result.b}",
-        _arrays(cap),
+        {},
         errors,
         first.name if first is not None else "",
         result.summary(),
         depth,
+        _stats(cap),
     )
 
 
@@ -180,8 +211,8 @@ def _from_model(model: Any, depth: int | None, title: str | None) -> Any:
             "pair (a, b) of captures"
         ) from None
     captured = getattr(model, "captured", None)
-    arrays = _arrays(captured) if isinstance(captured, Capture) else {}
-    return ExploreInput(graph, title or "", arrays, depth=depth)
+    stats = _stats(captured) if isinstance(captured, Capture) else {}
+    return ExploreInput(graph, title or "", depth=depth, stats=stats)
 
 
 # -- notebook and terminal display --------------------------------------------------------
@@ -203,11 +234,17 @@ def capture_table(cap: Capture) -> Any:
     table = Table(title=repr(cap))
     for column in ("name", "call", "shape", "dtype", "mean", "std", "min", "max", "NaN", "inf"):
         table.add_column(column, justify="left" if column in ("name", "dtype") else "right")
-    for name, calls in _arrays(cap).items():
-        for call, array in calls:
-            s = array_stats(array)
+    rows: dict[str, list[tuple[int, Any, str, Any]]] = {}
+    for names, call, array in _values(cap):  # one array at a time, grouped by name after
+        shape, dtype = list(array.shape), str(array.dtype)
+        s = array_stats(array)
+        del array
+        for name in names:
+            rows.setdefault(name, []).append((call, shape, dtype, s))
+    for name, found in rows.items():
+        for call, shape, dtype, s in found:
             bad = "[bold red]" if not s.finite else ""
-            table.add_row(escape(name), str(call), str(list(array.shape)), str(array.dtype),
+            table.add_row(escape(name), str(call), str(shape), dtype,
                           *(f"{v:.4g}" for v in (s.mean, s.std, s.min, s.max)),
                           f"{bad}{s.nan}", f"{bad}{s.inf}")  # fmt: skip
     return table

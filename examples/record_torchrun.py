@@ -14,6 +14,7 @@ Run with plain ``python`` it is one process over all the batches.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 
@@ -70,6 +71,12 @@ def main() -> None:
     ended = time.perf_counter()  # closing waits for every rank (the manifest)
     if distributed:
         dist.destroy_process_group()
+    # FSDP2's device mesh (and the hooks of fmodel) still hold the process group, whose
+    # gloo threads hold their last work: freed now, while Python runs, not at interpreter
+    # exit, where freeing that work's tensors aborts the process ("terminate called
+    # without an active exception").
+    del fmodel, net
+    gc.collect()
     if rank == 0:
         cap = clouseau.load(args.path)
         if args.json:  # throughput after the first call of each rank

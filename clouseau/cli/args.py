@@ -111,14 +111,31 @@ def _regex(text: str) -> str:
 
 def _existing(text: str) -> Path:
     path = Path(text)
-    if not text or not path.exists():
+    if not text or not _exists(path, text):
         raise ValueError(f"{text!r} does not exist")
     return path
 
 
+def _exists(path: Path, text: str) -> bool:
+    """Whether ``path`` exists; a ValueError naming the cause for a path no system call
+    takes (a name over 255 bytes, a path over 4096, a NUL byte)."""
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except (OSError, ValueError) as err:
+        why = getattr(err, "strerror", None) or str(err)
+        shown = repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text)} characters)"
+        raise ValueError(
+            f"{shown} cannot be used as a path: {why} (a file name has at most 255 bytes, "
+            "a path at most 4096)"
+        ) from None
+    return True
+
+
 def _output(text: str, suffixes: tuple[str, ...] = ()) -> Path:
     path = Path(text)
-    if not text or path.is_dir() or text.endswith(("/", "\\")):
+    if not text or (_exists(path, text) and path.is_dir()) or text.endswith(("/", "\\")):
         raise ValueError(f"{text!r} is a directory; give a file name")
     if suffixes and path.suffix.lower() not in suffixes:
         raise ValueError(f"{text!r} needs one of the suffixes {', '.join(suffixes)}")

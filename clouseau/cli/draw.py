@@ -6,10 +6,10 @@ import argparse
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
 from clouseau.cli import args as types
 from clouseau.cli.args import Exit
+from clouseau.cli.text import markup
 
 
 def add(sub: Any) -> None:
@@ -60,5 +60,5 @@ def run(args: argparse.Namespace, console: Console) -> int:
         rollup=args.rollup,
         rankdir=args.rankdir,
     )
-    console.print(f"wrote {escape(str(out))}")
+    console.print(f"wrote {markup(out)}")
     return Exit.OK

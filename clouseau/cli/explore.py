@@ -6,10 +6,10 @@ import argparse
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
 from clouseau.cli import args as types
 from clouseau.cli.args import Exit
+from clouseau.cli.text import markup
 
 
 def add(sub: Any) -> None:
@@ -38,5 +38,5 @@ def run(args: argparse.Namespace, console: Console) -> int:
         raise ValueError("--rtol and --atol apply to a diff: give a second capture directory")
     source = args.path if args.other is None else (args.path, args.other)
     out = explore(source, args.output, depth=args.depth, **options)
-    console.print(f"wrote {escape(str(out))}")
+    console.print(f"wrote {markup(out)}")
     return Exit.OK

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
 from clouseau.cli import args as types
 from clouseau.cli.args import Exit
+from clouseau.cli.text import markup
 
 _EXPORT_HELP = """\
 Export a model to ONNX with the selected activations as extra named outputs.
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     example = make_inputs(model, list(args.input), args.seed)
     out = export_onnx(model, example, args.output, select=args.select)
     console.print(
-        f"wrote {escape(str(out.path))}: inputs {', '.join(out.inputs)}; outputs {escape(', '.join(out.outputs))}"
+        f"wrote {markup(out.path)}: inputs {markup(', '.join(out.inputs))}; outputs {markup(', '.join(out.outputs))}"
     )
     return Exit.OK
 

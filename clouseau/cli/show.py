@@ -93,6 +93,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             leaf = parent.add(_point_text(record.names, parent_path, array, stats, args.stats))
             if args.values:
                 leaf.add(Text(_values(array), style="dim"))
+            del array  # before the next is read: one array at a time
             shown += 1
         console.print(root)
     if args.select and not shown:

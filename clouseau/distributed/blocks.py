@@ -17,12 +17,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import re
 import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +30,13 @@ import numpy as np
 
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
-from clouseau.store.capture import Capture, Entry, Record
-from clouseau.store.files import write_json
+from clouseau.store.capture import Capture, Entry
+from clouseau.store.files import read_json, write_json
 from clouseau.store.layout import graph_file, graph_id, is_exact_temp_name
 from clouseau.store.location import remove_empty
 from clouseau.store.progress import Batch
-from clouseau.store.reader import read_graph
-from clouseau.store.safetensors_io import read_array, read_header
+from clouseau.store.reader import file_entries, read_graph
+from clouseau.store.safetensors_io import read_header
 
 FORMAT = "clouseau.blocks/1"
 MANIFEST = "manifest.json"
@@ -67,8 +67,22 @@ class Block:
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> Block:
-        rows = tuple((int(a), int(b)) for a, b in data["rows"])
-        return Block(str(data["part"]), str(data["file"]), rows)
+        """The block ``to_json`` wrote; ValueError if ``data`` is not one (names included:
+        a part or file that is not clouseau's would lead the reader outside the capture)."""
+        try:
+            rows = tuple((int(a), int(b)) for a, b in data["rows"])
+            block = Block(data["part"], data["file"], rows)
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"not a block ({type(err).__name__}: {err})") from None
+        if not (
+            isinstance(block.part, str)
+            and isinstance(block.file, str)
+            and _PART.fullmatch(block.part)
+            and _BLOCK.fullmatch(block.file)
+            and all(0 <= a < b for a, b in rows)
+        ):
+            raise ValueError(f"not a block of clouseau's ({str(dict(data))[:80]})")
+        return block
 
 
 def block_file(rows: np.ndarray) -> str:
@@ -124,12 +138,9 @@ def write_manifest(root: Path, run: Mapping[str, Any], blocks: Iterable[Block], 
 def read_manifest(root: Path) -> dict[str, Any] | None:
     """The manifest of a block capture in ``root``, or None if there is none."""
     file = root / MANIFEST
-    if not file.is_file():
+    if not os.path.lexists(file):
         return None
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError) as err:
-        raise CaptureError(f"{file} is damaged ({err}); record again") from None
+    data = read_json(file)  # bounded: a regular file, never a link, FIFO or device
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         return None
     return data
@@ -143,12 +154,21 @@ def is_blocks(root: Path) -> bool:
 def found_blocks(root: Path) -> dict[str, Block]:
     """Every block file on disk under ``root``'s parts, by file name (one per block)."""
     found: dict[str, Block] = {}
-    for part in sorted(p for p in root.iterdir() if _PART.fullmatch(p.name) and p.is_dir()):
+    parts = (p for p in root.iterdir() if _PART.fullmatch(p.name) and not p.is_symlink())
+    for part in sorted(p for p in parts if p.is_dir()):
         for file in sorted(part.iterdir()):
             if _BLOCK.fullmatch(file.name) and file.name not in found:
-                rows = json.loads(read_header(file)[0].get("clouseau.rows", "[]"))
-                found[file.name] = Block(part.name, file.name, tuple(map(tuple, rows)))
+                found[file.name] = Block(part.name, file.name, _rows_of(file))
     return found
+
+
+def _rows_of(file: Path) -> tuple[tuple[int, int], ...]:
+    # A damaged block file has no rows: it is not counted (and is written again on resume).
+    try:
+        rows = json.loads(read_header(file)[0].get("clouseau.rows", "[]"))
+        return tuple((int(a), int(b)) for a, b in rows)
+    except (CaptureError, ValueError, TypeError, RecursionError):
+        return ()
 
 
 def remove_unlisted(root: Path, blocks: Iterable[Block]) -> None:
@@ -250,7 +270,7 @@ def load_blocks(root: Path) -> BlockCapture:
     if manifest is None:
         raise CaptureError(f"{root} holds no {MANIFEST} of a capture written in blocks")
     complete = manifest.get("complete") is True
-    listed = [Block.from_json(b) for b in manifest.get("blocks", [])]
+    listed = _listed_blocks(root, manifest)
     if not complete:
         # The driver stopped before the end: blocks written after its last manifest are
         # whole (written atomically), so they count too where their file names the rows.
@@ -279,6 +299,19 @@ def load_blocks(root: Path) -> BlockCapture:
     )  # fmt: skip
 
 
+def _listed_blocks(root: Path, manifest: Mapping[str, Any]) -> list[Block]:
+    items = manifest.get("blocks", [])
+    try:
+        if not isinstance(items, list):
+            raise ValueError("blocks is not a list")
+        return [Block.from_json(b if isinstance(b, dict) else {}) for b in items]
+    except ValueError as err:
+        raise CaptureError(
+            f"{root / MANIFEST} is damaged: its block list is not clouseau's ({err}); record "
+            "again into an empty path"
+        ) from None
+
+
 def _check_disjoint(root: Path, blocks: Sequence[Block]) -> None:
     spans = sorted((a, b, blk.file) for blk in blocks for a, b in blk.rows)
     for (_, stop, first), (start, _, second) in itertools.pairwise(spans):
@@ -300,24 +333,24 @@ def _block_entries(
     root: Path, block: Block, call: int, graph_offset: int, stats: list[Mapping[str, Any]]
 ) -> list[Entry]:
     file = root / block.part / block.file
-    if not file.is_file():
+    if (root / block.part).is_symlink() or not os.path.lexists(file):
         raise CaptureError(
-            f"{root / MANIFEST} lists {block.part}/{block.file}, which is not there; the "
-            "capture was changed after the run: record it again (or resume=True)"
+            f"{root / MANIFEST} lists {block.part}/{block.file}, which is not there (or is "
+            "reached through a link, which is not followed); the capture was changed after "
+            "the run: record it again (or resume=True)"
         )
     from clouseau.distributed.block_layout import SAMPLES_KEY, STATS_KEY, global_samples
 
-    metadata, tensors = read_header(file)
-    by_key = {t.key: t for t in tensors}
+    metadata, _ = read_header(file)
     local = metadata.get(SAMPLES_KEY) == "local"
     if STATS_KEY in metadata:
         stats.append(json.loads(metadata[STATS_KEY]))
     entries = []
-    for item in json.loads(metadata["clouseau"]):
-        record = Record.from_json(item)
+    for entry in file_entries(file):  # checked: a damaged file is a CaptureError naming it
+        record = entry.record
         moved = replace(record, call=call, graph=record.graph + graph_offset)
-        read: Any = partial(read_array, file, by_key[record.key])
+        load = entry.load
         if local and record.node == "field" and record.name == "sample":
-            read = global_samples(block.rows, read)  # counted in the block: in the data
-        entries.append(Entry(moved, read))
+            load = global_samples(block.rows, load)  # counted in the block: in the data
+        entries.append(Entry(moved, load))
     return entries

@@ -21,6 +21,7 @@ import numpy as np
 from clouseau.ir.graph import Graph
 from clouseau.store.capture import Capture, Entry
 from clouseau.store.progress import Batch, Progress
+from clouseau.store.sources import TensorSource
 from clouseau.store.stats import PointStats, RunningStats
 
 Renumber = Callable[[int], int]
@@ -148,4 +149,6 @@ def _global_samples(
 
 
 def _shifted(load: Callable[[], np.ndarray], shift: int) -> Callable[[], np.ndarray]:
+    if isinstance(load, TensorSource):  # still a file: the row readers map it
+        return replace(load, shift=load.shift + shift)
     return lambda: load() + shift

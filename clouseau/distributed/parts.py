@@ -11,7 +11,7 @@ finish is reported (``missing_ranks``, and a warning) and what it wrote stays us
 
 from __future__ import annotations
 
-import json
+import os
 import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from clouseau.distributed.merged import PartedCapture
+from clouseau.distributed.part_files import (
+    MAX_WORLD,
+    is_part_summary,
+    is_world,
+    read_object,
+    scan_parts,
+)
 from clouseau.distributed.part_start import (
     batches_digest,
     begin_parts,
@@ -267,23 +274,27 @@ def part_summary(part: Path, rank: int) -> dict[str, Any]:
 
 
 def _calls(part: Path) -> int:
-    about = _read_json(part / PART_FILE)
+    about = read_object(part / PART_FILE)
     if about.get("kind") == "record":
         calls = about.get("recorded", 0)
     else:
-        calls = _read_json(part / STATUS_FILE).get("calls", 0)
+        calls = read_object(part / STATUS_FILE).get("calls", 0)
     return calls if isinstance(calls, int) else 0
 
 
 def _closed(part: Path, about: Mapping[str, Any]) -> bool:
     if about.get("kind") == "record":
         return about.get("finished") is True
-    return _read_json(part / STATUS_FILE).get("closed") is True
+    return read_object(part / STATUS_FILE).get("closed") is True
 
 
 def _visible_files(part: Path) -> list[str]:
+    if not part.is_dir() or part.is_symlink():
+        return []
     return sorted(
-        f.name for f in part.glob("*.safetensors") if f.is_file() and not f.name.startswith(".")
+        f.name
+        for f in part.glob("*.safetensors")
+        if not f.name.startswith(".") and not f.is_symlink() and f.is_file()
     )
 
 
@@ -300,10 +311,18 @@ def write_manifest(root: Path, group: Group, parts: list[Any] | None) -> None:
 
 
 def is_parted(path: Path) -> bool:
-    """Whether ``path`` is a capture written in parts (a manifest, or ``rank-*`` parts)."""
-    if (path / MANIFEST).is_file():
+    """Whether ``path`` is a capture written in parts (a manifest, or ``rank-*`` parts).
+
+    Links count (a manifest or a part that is a link is then refused, by name, as
+    damaged), so that a planted link never turns a parted capture into a plain one.
+    """
+    if os.path.lexists(path / MANIFEST):
         return True
-    return any(_PART.fullmatch(c.name) and c.is_dir() for c in path.iterdir())
+    with os.scandir(path) as children:
+        return any(
+            _PART.fullmatch(c.name) and (c.is_symlink() or c.is_dir(follow_symlinks=False))
+            for c in children
+        )
 
 
 def load_parts(root: Path, strict: bool = False) -> PartedCapture:
@@ -321,10 +340,10 @@ def load_parts(root: Path, strict: bool = False) -> PartedCapture:
     if is_blocks(root):  # written by Ray workers (clouseau.ray.record)
         return load_blocks(root)  # type: ignore[return-value]
     manifest = _read_manifest(root)
-    on_disk = sorted(c.name for c in root.iterdir() if _PART.fullmatch(c.name) and c.is_dir())
+    on_disk, links = scan_parts(root, _PART)
     world = int(manifest["world_size"]) if manifest else _world_from_parts(root, on_disk)
     listed = {part_name(r): r for r in range(world)}
-    stray = [name for name in on_disk if name not in listed]
+    stray = [name for name in [*on_disk, *links] if name not in listed]
     if stray:
         raise CaptureError(
             f"{root}: the manifest lists {world} part(s) but {', '.join(stray)} is also there; "
@@ -333,12 +352,20 @@ def load_parts(root: Path, strict: bool = False) -> PartedCapture:
     complete = bool(manifest and manifest["complete"])
     expected = _expected_parts(root, manifest) if complete else {}
     merged = _Merged()
+    merged.damaged.update(links)
+    present = set(on_disk)
     for name, rank in listed.items():
         part = root / name
+        if name not in present:  # absent, or a link that is not followed
+            if expected.get(name) is not None:
+                why = f", which is {links[name]}" if name in links else ", which is not there"
+                raise CaptureError(f"{root / MANIFEST} lists {name}{why}")
+            merged.missing.append(rank)
+            continue
         if not _part_finished(root, part, rank, world, expected.get(name)):
             merged.missing.append(rank)
-        if (part / STATUS_FILE).is_file() or _visible_files(part):
-            local = _read_json(part / PART_FILE).get("numbering") == "local"
+        if os.path.lexists(part / STATUS_FILE) or _visible_files(part):
+            local = read_object(part / PART_FILE).get("numbering") == "local"
             renumber = _Renumber(world, rank) if local else None
             keep = expected.get(name, {}).get("calls_kept")
             merged.add(rank, load(part, strict=strict), renumber, keep)
@@ -422,7 +449,13 @@ class _Merged:
 
 def _world_from_parts(root: Path, names: list[str]) -> int:
     # No manifest: rank 0 died before writing it; each part says how many there were.
-    sizes = [_read_json(root / n / PART_FILE).get("world_size") for n in names]
+    sizes = [read_object(root / n / PART_FILE).get("world_size") for n in names]
+    for name, size in zip(names, sizes, strict=True):
+        if size is not None and not is_world(size):
+            raise CaptureError(
+                f"{root / name / PART_FILE} is damaged: world_size {size!r:.40} is not a "
+                f"process count from 1 to {MAX_WORLD}; record again into an empty path"
+            )
     ranks = [int(n[5:]) + 1 for n in names]
     return max([s for s in sizes if isinstance(s, int)] + ranks)
 
@@ -430,22 +463,25 @@ def _world_from_parts(root: Path, names: list[str]) -> int:
 def _expected_parts(root: Path, manifest: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     parts = manifest["parts"]
     if not isinstance(parts, list) or len(parts) != manifest["world_size"]:
+        count = len(parts) if isinstance(parts, list) else "no list of"
         raise CaptureError(
-            f"{root / MANIFEST} is complete but lists {len(parts)} parts for "
+            f"{root / MANIFEST} is complete but lists {count} parts for "
             f"{manifest['world_size']} processes; the capture was not written by clouseau "
             "as it stands: record it again"
         )
-    return {str(p["name"]): p for p in parts}
+    for part in parts:
+        if not is_part_summary(part):
+            raise CaptureError(
+                f"{root / MANIFEST} is damaged: {str(part)[:80]!r} is not a part's summary "
+                '({"name": "rank-NNNNN", "rank", "files": [...], "calls"}); record again'
+            )
+    return {p["name"]: p for p in parts}
 
 
 def _part_finished(
     root: Path, part: Path, rank: int, world: int, expected: Mapping[str, Any] | None
 ) -> bool:
-    if not part.is_dir():
-        if expected is not None:
-            raise CaptureError(f"{root / MANIFEST} lists {part.name}, which is not there")
-        return False
-    about = _read_json(part / PART_FILE) if (part / PART_FILE).is_file() else {}
+    about = read_object(part / PART_FILE)
     if about and (about.get("rank") != rank or about.get("world_size") != world):
         raise CaptureError(
             f"{part / PART_FILE} says rank {about.get('rank')} of {about.get('world_size')}, "
@@ -467,26 +503,18 @@ def _part_finished(
 
 
 def _read_manifest(root: Path) -> dict[str, Any] | None:
-    if not (root / MANIFEST).is_file():
+    if not os.path.lexists(root / MANIFEST):
         return None
-    manifest = _read_json(root / MANIFEST)
-    if manifest.get("format") != FORMAT or not isinstance(manifest.get("world_size"), int):
+    manifest = read_object(root / MANIFEST)
+    if manifest.get("format") != FORMAT:
         raise CaptureError(
             f"{root / MANIFEST} is not a clouseau manifest ({FORMAT}); point load() at a "
             "capture path written by clouseau"
         )
+    if not is_world(manifest.get("world_size")) or type(manifest.get("complete")) is not bool:
+        raise CaptureError(
+            f"{root / MANIFEST} is damaged: world_size {manifest.get('world_size')!r:.40} is "
+            f"not a process count from 1 to {MAX_WORLD}, or complete is not true or false; "
+            "record again into an empty path"
+        )
     return manifest
-
-
-def _read_json(file: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(file.read_text())
-    except FileNotFoundError:
-        return {}
-    except OSError as err:
-        raise CaptureError(f"cannot read {file}: {err.strerror or err}") from None
-    except ValueError as err:
-        raise CaptureError(f"{file} is damaged ({err})") from None
-    if not isinstance(data, dict):
-        raise CaptureError(f"{file} is damaged (not a JSON object)")
-    return data

@@ -9,7 +9,7 @@ array is the global one.
 
 from __future__ import annotations
 
-import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from clouseau.distributed.part_files import read_object
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.sink import Bounds, SavedValue, Shards
 from clouseau.store.capture import Capture, Entry
@@ -66,18 +67,26 @@ class ShardEntry(Entry):
 def entries_of(capture: Capture) -> tuple[Entry, ...]:
     """The entries of one part's capture, a shard's marked with its place."""
     file = None if capture.path is None else Path(capture.path) / SHARDS_FILE
-    if file is None or not file.is_file():
+    if file is None or not os.path.lexists(file):
         return capture.entries
-    placed = json.loads(file.read_text())
+    placed = read_object(file)  # bounded, a regular file only
     out: list[Entry] = []
     for entry in capture.entries:
         r = entry.record
-        where = placed.get(f"{r.names[0]}|{r.call}|{','.join(map(str, r.index))}")
+        key = f"{r.names[0]}|{r.call}|{','.join(map(str, r.index))}"
+        where = placed.get(key)
         if where is None:
             out.append(entry)
             continue
-        bounds = tuple((int(a), int(b)) for a, b in where["bounds"])
-        out.append(ShardEntry(r, entry.load, tuple(where["shape"]), bounds))
+        try:
+            bounds = tuple((int(a), int(b)) for a, b in where["bounds"])
+            shape = tuple(int(d) for d in where["shape"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise CaptureError(
+                f"{file} is damaged: the place of {key!r} is not a shape and bounds "
+                f"({type(err).__name__}: {err}); record again"
+            ) from None
+        out.append(ShardEntry(r, entry.load, shape, bounds))
     return tuple(out)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from clouseau.exporters._dot import DotOptions, graph_to_dot
+from clouseau.exporters._output import write_output
 from clouseau.ir.errors import CaptureError, ClouseauError
 from clouseau.ir.graph import Graph
 from clouseau.ir.selection import SelectLike
@@ -105,8 +106,7 @@ def draw(
     text = graph_to_dot(graph, select, options)
     output.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "dot":
-        output.write_text(text)
-        return output
+        return write_output(output, text.encode())
     render(text, output, fmt)
     return output
 
@@ -117,35 +117,30 @@ def to_dot(graph: Graph, select: SelectLike = None, **options: Any) -> str:
 
 
 def render(text: str, output: Path, fmt: str) -> None:
-    """Render DOT ``text`` to ``output`` with graphviz's ``dot``."""
+    """Render DOT ``text`` to ``output`` with graphviz's ``dot``.
+
+    ``dot`` writes to a pipe, never to a file it opens by name: the output (and the DOT
+    text kept when rendering fails) is written by :func:`write_output`, exclusively and
+    never through a link.
+    """
     exe = shutil.which("dot")
     if exe is None:
-        dot_file = output.with_suffix(".dot")
-        dot_file.write_text(text)
+        dot_file = write_output(output.with_suffix(".dot"), text.encode())
         raise GraphvizNotFoundError(
             f"cannot render {output.name}: the graphviz program 'dot' is not on PATH; "
             f"{INSTALL_HINT}. The graph was written to {dot_file}; render it later with "
             f"dot -T{fmt} {dot_file} -o {output}"
         )
-    tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
-    try:
-        done = subprocess.run(
-            [exe, f"-T{fmt}", "-o", str(tmp)],
-            input=text.encode(),
-            capture_output=True,
-            timeout=300,
-            check=False,
+    done = subprocess.run(
+        [exe, f"-T{fmt}"], input=text.encode(), capture_output=True, timeout=300, check=False
+    )
+    if done.returncode != 0:
+        dot_file = write_output(output.with_suffix(".dot"), text.encode())
+        raise RenderError(
+            f"dot failed to render {output.name} (exit {done.returncode}): "
+            f"{done.stderr.decode(errors='replace').strip()[:2000]}; the DOT text is in {dot_file}"
         )
-        if done.returncode != 0:
-            dot_file = output.with_suffix(".dot")
-            dot_file.write_text(text)
-            raise RenderError(
-                f"dot failed to render {output.name} (exit {done.returncode}): "
-                f"{done.stderr.decode(errors='replace').strip()[:2000]}; the DOT text is in {dot_file}"
-            )
-        os.replace(tmp, output)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_output(output, done.stdout)
 
 
 def graph_of(source: Any) -> Graph:

@@ -12,7 +12,6 @@ point names back to legacy keys without the model.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -20,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clouseau.ir.errors import SelectionError
+from clouseau.ir.errors import CaptureError, SelectionError
 from clouseau.ir.graph import Graph, NodeKind, Point, Ref, TensorSpec
 from clouseau.ir.selection import Selector
+from clouseau.store.files import open_regular, read_json, write_json
 
 TreePath = tuple[str, ...]
 NodeTest = Callable[[TreePath, Any], bool]
@@ -177,13 +177,8 @@ def write_sidecar(directory: Path, keys: Mapping[str, tuple[str, ...]]) -> None:
         "graphs": _graph_digests(directory),
         "keys": {k: list(v) for k, v in keys.items()},
     }
-    tmp = directory / f".{SIDECAR}.{os.getpid()}.tmp"
-    try:
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, directory / SIDECAR)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    # Exclusive and unpredictable (store.files.write_json): never through a planted link.
+    write_json(directory / SIDECAR, data, replace=True)
 
 
 def remove_sidecar(directory: Path) -> None:
@@ -198,8 +193,8 @@ def read_sidecar(directory: Path) -> dict[str, tuple[str, ...]] | None:
     capture replaced the tail's) is ignored, so stale keys are never shown.
     """
     try:
-        data = json.loads((directory / SIDECAR).read_text())
-    except (OSError, ValueError):
+        data = read_json(directory / SIDECAR)  # bounded, a regular file, never a link
+    except CaptureError:
         return None
     if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT:
         return None
@@ -212,7 +207,13 @@ def read_sidecar(directory: Path) -> dict[str, tuple[str, ...]] | None:
 
 
 def _graph_digests(directory: Path) -> dict[str, str]:
-    return {
-        f.name: hashlib.sha256(f.read_bytes()).hexdigest()
-        for f in sorted(directory.glob("graph-*.json"))
-    }
+    return {f.name: _digest(f) for f in sorted(directory.glob("graph-*.json"))}
+
+
+def _digest(file: Path) -> str:
+    # A link or a FIFO is never read (it may lead to /dev/zero): it digests as unreadable.
+    try:
+        with os.fdopen(open_regular(file), "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except (CaptureError, OSError):
+        return "unreadable"

@@ -1,12 +1,14 @@
 """Summary statistics of one array: mean, std, min, max over its finite elements.
 
 One function for every place that shows an array's numbers: ``clouseau.diff`` (the
-statistics of each side), ``clouseau show --stats`` and the inspector's ``magnify``.
+statistics of each side), ``clouseau show --stats``, the inspector's ``magnify`` and the
+explorer's per-call statistics (which add a histogram over the same chunks).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,14 +37,22 @@ def array_stats(array: np.ndarray) -> ArrayStats:
     Computed over chunks of the flattened array, so that memory beyond the array itself
     stays bounded (a float64 copy and masks of a 256 MiB array would take gigabytes).
     """
-    flat = np.asarray(array).reshape(-1)
     acc = _Moments()
-    for start in range(0, flat.size, _CHUNK):
-        acc.add(flat[start : start + _CHUNK])
-    return acc.stats(int(flat.size))
+    for chunk in float_chunks(array):
+        acc.add(chunk)
+    return acc.stats(int(np.size(array)))
 
 
 _CHUNK = 2**18  # elements per chunk of array_stats: 2 MiB as float64
+
+
+def float_chunks(array: np.ndarray) -> Iterator[np.ndarray]:
+    """The elements of ``array`` in order, as float64 chunks of ``2**18`` (complex: their
+    modulus): what every statistic here is computed over, a few MiB at a time."""
+    flat = np.asarray(array).reshape(-1)  # a view of a contiguous array, not a copy
+    for start in range(0, flat.size, _CHUNK):
+        x = as_float(flat[start : start + _CHUNK])
+        yield np.abs(x) if np.iscomplexobj(x) else x
 
 
 class _Moments:
@@ -53,10 +63,7 @@ class _Moments:
         self.min, self.max = math.inf, -math.inf
         self.nan = self.inf = 0
 
-    def add(self, chunk: np.ndarray) -> None:
-        x = as_float(chunk)
-        if np.iscomplexobj(x):
-            x = np.abs(x)
+    def add(self, x: np.ndarray) -> None:
         nan_mask, inf_mask = np.isnan(x), np.isinf(x)
         self.nan += int(nan_mask.sum())
         self.inf += int(inf_mask.sum())

@@ -9,12 +9,14 @@ warning; ``strict=True`` raises instead). Calls whose values are not all on disk
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 from clouseau.ir.errors import CaptureError, ClouseauError
@@ -25,7 +27,8 @@ from clouseau.store.directory import read_status
 from clouseau.store.files import read_json
 from clouseau.store.graphcheck import check_types
 from clouseau.store.layout import FORMAT, RECORD_FILE, STATUS_FILE, graph_file, graph_id
-from clouseau.store.safetensors_io import TensorEntry, read_array, read_header
+from clouseau.store.safetensors_io import TensorEntry, read_header
+from clouseau.store.sources import Stamp, TensorSource
 
 # What parsing damaged JSON into the IR may raise; each becomes a CaptureError.
 _PARSE_ERRORS = (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError)
@@ -78,7 +81,8 @@ def load(path: str | os.PathLike[str], *, strict: bool = False) -> Capture:
             f"{path} does not exist; pass the directory given to clouseau.instrument(path=...)"
         )
     scan = _Scan(path)
-    scan.run()
+    with _collector_paused():
+        scan.run()
     if not (scan.files or scan.status is not None or scan.graphs or scan.damaged):
         raise CaptureError(
             f"{path} is not a clouseau capture: it has no .safetensors files written by "
@@ -95,7 +99,26 @@ def load(path: str | os.PathLike[str], *, strict: bool = False) -> Capture:
             DamagedCaptureWarning,
             stacklevel=2,
         )
-    return scan.capture()
+    with _collector_paused():
+        return scan.capture()
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while headers are parsed.
+
+    Loading makes a few objects per file that all stay alive (records, entries), and each
+    collection the allocation count triggers walks every one made before: with the
+    collector on, 40,000 files took 4.4x the time of 10,000 and a third of it was the
+    collector's. Nothing made here forms a cycle, so nothing is left for it to find.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @dataclass(frozen=True)
@@ -122,6 +145,7 @@ class _Scan:
 
     def run(self) -> None:
         names = sorted(os.listdir(self.path))
+        present = set(names)  # a set: load stays linear in the number of files
         try:
             self.status = read_status(self.path)
         except CaptureError as err:
@@ -135,10 +159,10 @@ class _Scan:
                 self._read_graph(name, graph)
         listed = self.status.get("files", []) if self.status else []
         for name in listed if isinstance(listed, list) else ():
-            if isinstance(name, str) and name not in names:
+            if isinstance(name, str) and name not in present:
                 self.damaged[name] = "missing: status.json lists it as written"
-        for name in _recorded_files(self.path) if RECORD_FILE in names else ():
-            if name not in names:  # a recording's progress record lists every file
+        for name in _recorded_files(self.path) if RECORD_FILE in present else ():
+            if name not in present:  # a recording's progress record lists every file
                 self.damaged.setdefault(name, f"missing: {RECORD_FILE} lists it as written")
         self._drop_duplicates()
         self.graph_tuple = self._graph_tuple()
@@ -146,6 +170,7 @@ class _Scan:
     def _read_file(self, name: str) -> None:
         file = self.path / name
         try:
+            stamp = _stamp(file)
             metadata, tensors = read_header(file)
         except CaptureError as err:
             self.damaged[name] = str(err)
@@ -154,7 +179,7 @@ class _Scan:
             self.foreign += 1
             return
         try:
-            entries = _entries(file, metadata, tensors)
+            entries = _entries(file, metadata, tensors, stamp)
             marks = _calls(metadata.get("open")), _calls(metadata.get("done"))
         except CaptureError as err:
             self.damaged[name] = str(err)
@@ -262,6 +287,7 @@ def _int_keyed(value: object) -> dict[int, str]:
 
 
 def _load_file(file: Path) -> Capture:
+    stamp = _stamp(file)
     metadata, tensors = read_header(file)
     if metadata.get("format") != FORMAT:
         raise CaptureError(
@@ -269,7 +295,7 @@ def _load_file(file: Path) -> Capture:
         )
     directory = file.parent
     scan = _Scan(directory)
-    entries = _entries(file, metadata, tensors)
+    entries = _entries(file, metadata, tensors, stamp)
     for name in sorted(os.listdir(directory)):
         if (graph := graph_id(name)) is not None:
             scan._read_graph(name, graph)
@@ -281,7 +307,33 @@ def _load_file(file: Path) -> Capture:
     return Capture(tuple(entries), scan._graph_tuple(), failed, directory)
 
 
-def _entries(file: Path, metadata: dict[str, str], tensors: tuple[TensorEntry, ...]) -> list[Entry]:
+def file_entries(file: Path) -> list[Entry]:
+    """The arrays of one clouseau file: its header read, checked and stamped.
+
+    Raises
+    ------
+    CaptureError
+        The file is damaged, a link, not a regular file, or not written by clouseau.
+    """
+    stamp = _stamp(file)
+    metadata, tensors = read_header(file)
+    if metadata.get("format") != FORMAT:
+        raise CaptureError(f"{file} was not written by clouseau (no clouseau metadata)")
+    return _entries(file, metadata, tensors, stamp)
+
+
+def _stamp(file: Path) -> Stamp:
+    # Taken before the header is read: a file replaced in between fails the check of its
+    # first read instead of lending the old header to the new bytes.
+    stamp = Stamp.current(file)
+    if stamp is None:
+        raise CaptureError(f"{file} vanished while the capture was loaded")
+    return stamp
+
+
+def _entries(
+    file: Path, metadata: dict[str, str], tensors: tuple[TensorEntry, ...], stamp: Stamp
+) -> list[Entry]:
     by_key = {t.key: t for t in tensors}
     entries = []
     for record in _records(file, metadata):
@@ -290,7 +342,7 @@ def _entries(file: Path, metadata: dict[str, str], tensors: tuple[TensorEntry, .
             raise CaptureError(
                 f"{file}: the metadata lists {record.key!r} but the file does not hold it"
             )
-        entries.append(Entry(record, partial(read_array, file, tensor)))
+        entries.append(Entry(record, TensorSource(file, tensor, stamp)))
     return entries
 
 

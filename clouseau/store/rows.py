@@ -6,10 +6,17 @@ per call). Nothing is loaded up front: each file is memory-mapped once, and rows
 copied out only when asked for. A gather of scattered rows (a shuffled batch) is one
 numpy fancy index per file, over a view of the file whose elements are the row's bytes
 at every byte offset, so its cost does not grow with the number of calls.
+
+The rows are those of the files ``load`` accepted, read through the loaders it made
+(:class:`~clouseau.store.sources.TensorSource`): a file it skipped is never read, and a
+file that changed since is refused (its stamp is checked before every access to its map).
 """
 
 from __future__ import annotations
 
+import mmap
+import os
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +25,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from clouseau.ir.errors import CaptureError
-from clouseau.store.safetensors_io import TensorEntry, read_header
+from clouseau.store.files import open_regular
+from clouseau.store.sources import Stamp, TensorSource, check_unchanged
 
 if TYPE_CHECKING:
     from clouseau.store.capture import Capture, Entry
 
 FORMATS = ("numpy", "torch", "jax")
+# Files mapped at once by one column: each map holds a descriptor, and a recording may
+# have tens of thousands of files.
+MAX_MAPS = 256
 
 
 @dataclass(frozen=True)
@@ -35,6 +46,8 @@ class Chunk:
     file: Path | None
     offset: int
     array: np.ndarray | None = None
+    stamp: Stamp | None = None
+    shift: int = 0
 
 
 class Column:
@@ -53,19 +66,37 @@ class Column:
         self.file_ids = np.array([ids.get(c.file, -1) for c in self.chunks], dtype=np.int64)
         self.offsets = np.array([c.offset for c in self.chunks], dtype=np.int64)
         self.in_memory = any(c.array is not None for c in self.chunks)
-        self._maps: dict[Path, np.ndarray] = {}
+        self.stamps = {c.file: c.stamp for c in self.chunks if c.file is not None}
+        self.shifts = np.array([c.shift for c in self.chunks], dtype=np.int64)
+        self._maps: OrderedDict[Path, np.ndarray] = OrderedDict()
 
     def __len__(self) -> int:
         return int(self.starts[-1])
 
     def __getstate__(self) -> dict[str, Any]:
         # Memory maps are reopened in the receiving process (a DataLoader worker).
-        return {**self.__dict__, "_maps": {}}
+        return {**self.__dict__, "_maps": OrderedDict()}
 
     def _map(self, file: Path) -> np.ndarray:
+        stamp = self.stamps[file]
+        if stamp is not None:
+            # Before every access: a file truncated under a map would raise SIGBUS.
+            check_unchanged(file, stamp)
         found = self._maps.get(file)
-        if found is None:
-            found = self._maps[file] = np.memmap(file, dtype=np.uint8, mode="r")
+        if found is not None:
+            self._maps.move_to_end(file)
+            return found
+        fd = open_regular(file)  # never through a link, never a FIFO or a device
+        try:
+            if stamp is not None and Stamp.of(os.fstat(fd)) != stamp:
+                check_unchanged(file, stamp)  # raises, naming what changed
+            size = os.fstat(fd).st_size
+            view = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
+        finally:
+            os.close(fd)
+        found = self._maps[file] = np.frombuffer(view, dtype=np.uint8)
+        while len(self._maps) > MAX_MAPS:
+            self._maps.popitem(last=False)
         return found
 
     def _chunk_view(self, i: int) -> np.ndarray:
@@ -76,7 +107,8 @@ class Column:
         data = self._map(chunk.file)
         count = chunk.rows * int(np.prod(self.row_shape, dtype=np.int64))
         flat = np.frombuffer(data, self.dtype, count=count, offset=chunk.offset)
-        return flat.reshape(chunk.rows, *self.row_shape)
+        view = flat.reshape(chunk.rows, *self.row_shape)
+        return view + chunk.shift if chunk.shift else view
 
     def slice(self, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` as a new array (contiguous ranges: copied chunk by chunk)."""
@@ -109,15 +141,21 @@ class Column:
         flat_out = flat_out.reshape(rows.size)
         if len(self.files) == 1 and not self.in_memory:
             flat_out[:] = self._bytes_view(self.files[0])[offsets]
-            return out
+            return self._shifted(out, chunk)
         file_ids = self.file_ids[chunk]
-        for i, file in enumerate(self.files):
+        for i in np.unique(file_ids[file_ids >= 0]):
             ids = file_ids == i
-            flat_out[ids] = self._bytes_view(file)[offsets[ids]]
+            flat_out[ids] = self._bytes_view(self.files[int(i)])[offsets[ids]]
         if self.in_memory:  # a capture without files
             for i in np.unique(chunk[file_ids < 0]):
                 ids = chunk == i
                 out[ids] = self._chunk_view(int(i))[local[ids]]
+        return self._shifted(out, chunk)
+
+    def _shifted(self, out: np.ndarray, chunk: np.ndarray) -> np.ndarray:
+        if self.shifts.any():
+            shift = self.shifts[chunk].reshape(-1, *(1,) * len(self.row_shape))
+            out += shift.astype(out.dtype)
         return out
 
     def _bytes_view(self, file: Path) -> np.ndarray:
@@ -130,8 +168,7 @@ class Column:
 
 def columns(cap: Capture, names: Sequence[str]) -> tuple[Column, ...]:
     """The columns of ``names`` in ``cap``; they must have the same rows in every call."""
-    index = _file_index(cap)
-    cols = tuple(_column(cap, name, index) for name in names)
+    cols = tuple(_column(cap, name) for name in names)
     for col in cols[1:]:
         if [c.rows for c in col.chunks] != [c.rows for c in cols[0].chunks]:
             raise CaptureError(
@@ -142,60 +179,58 @@ def columns(cap: Capture, names: Sequence[str]) -> tuple[Column, ...]:
     return cols
 
 
-def _file_index(cap: Capture) -> dict[str, tuple[Path, TensorEntry]]:
-    cached = getattr(cap, "_row_index", None)
-    if cached is not None:
-        return cached
-    index: dict[str, tuple[Path, TensorEntry]] = {}
-    if cap.path is not None:
-        files = sorted(
-            f for f in Path(cap.path).glob("*.safetensors") if not f.name.startswith(".")
-        )
-        for file in files:
-            for tensor in read_header(file)[1]:
-                index.setdefault(tensor.key, (file, tensor))
-    cap._row_index = index  # type: ignore[attr-defined]
-    return index
-
-
-def _column(cap: Capture, name: str, index: dict[str, tuple[Path, TensorEntry]]) -> Column:
+def _column(cap: Capture, name: str) -> Column:
     entries: list[Entry] = cap._entries_for(name)
     if any(e.record.index for e in entries):
         raise CaptureError(
             f"{name!r} was saved inside a loop (several arrays per call); read it with "
             f"cap.get({name!r}, call=k) instead of as rows"
         )
-    chunks, shapes = [], set()
-    dtype = None
+    chunks, shapes, dtypes = [], set(), set()
     for entry in entries:
-        found = index.get(entry.record.key)
-        if found is not None:
-            file, tensor = found
-            shape, dtype, chunk = tensor.shape, tensor.dtype, None
-        else:
-            array = entry.load()
-            shape, dtype, chunk = array.shape, array.dtype, array
+        chunk = _chunk(entry)
+        shape = chunk.array.shape if chunk.array is not None else _source(entry).tensor.shape
         if not shape:
             raise CaptureError(f"{name!r} is a scalar per call; it has no rows to read")
         shapes.add(tuple(shape[1:]))
-        if chunk is None:
-            chunks.append(Chunk(entry.record.call, shape[0], file, tensor.start))
-        else:
-            chunks.append(Chunk(entry.record.call, shape[0], None, 0, chunk))
+        dtypes.add(chunk.array.dtype if chunk.array is not None else _source(entry).tensor.dtype)
+        chunks.append(chunk)
     if len(shapes) > 1:
         raise CaptureError(
             f"the rows of {name!r} change shape between calls ({sorted(shapes)[:4]}); they "
             "cannot be read as one array: pad to one shape, or record with rows=True to "
             "store [batch, seq, d] as [tokens, d]"
         )
-    return Column(name, np.dtype(dtype), shapes.pop(), chunks)
+    if len(dtypes) > 1:
+        raise CaptureError(
+            f"the rows of {name!r} change dtype between calls ({sorted(map(str, dtypes))}); "
+            f"read each call with cap.get({name!r}, call=k), or record with one dtype"
+        )
+    return Column(name, dtypes.pop(), shapes.pop(), chunks)
+
+
+def _source(entry: Entry) -> TensorSource:
+    assert isinstance(entry.load, TensorSource)
+    return entry.load
+
+
+def _chunk(entry: Entry) -> Chunk:
+    """Where one call's array lies: its file, as ``load`` found it, or the array itself."""
+    call = entry.record.call
+    if isinstance(entry.load, TensorSource):
+        source = entry.load
+        rows = source.tensor.shape[0] if source.tensor.shape else 0
+        return Chunk(call, rows, source.file, source.tensor.start, None, source.stamp, source.shift)
+    array = entry.load()  # a capture in memory, or an array assembled from shards
+    return Chunk(call, array.shape[0] if array.shape else 0, None, 0, array)
 
 
 class LazyArray:
     """``cap.array(name)``: every call's rows as one array, read from disk on indexing.
 
-    Supports ``len``, ``shape``, ``dtype``, integer, slice and integer-array indexing
-    (then any further axes), and ``np.asarray`` (reads everything).
+    Supports ``len``, ``shape``, ``dtype``, numpy's indexing (integers, slices, integer
+    arrays, boolean masks, then any further axes; see ``__getitem__``), and
+    ``np.asarray`` (reads everything).
     """
 
     def __init__(self, column: Column) -> None:
@@ -217,25 +252,56 @@ class LazyArray:
         return len(self.column)
 
     def __getitem__(self, key: Any) -> Any:
-        rest: tuple[Any, ...] = ()
-        if isinstance(key, tuple):
-            key, rest = (key[0] if key else slice(None)), key[1:]
+        """Rows as numpy would index ``np.asarray(self)``, reading only the rows asked for.
+
+        The first index picks rows (an int, a slice, an integer array with negative
+        indices counted from the end, or a boolean mask of ``len(self)``); out-of-range
+        indices raise IndexError. The rows read are then indexed by numpy itself with the
+        whole key, so further axes, broadcasting and errors are numpy's.
+        """
+        first, rest = (key[0], key[1:]) if isinstance(key, tuple) and key else (key, ())
+        if isinstance(key, tuple) and not key:
+            first = slice(None)
+        if first is None or first is Ellipsis or isinstance(first, bool | np.bool_):
+            return np.asarray(self)[key]  # a new axis or ``...`` first: numpy on everything
+        rows, local = self._rows(first)
+        return rows[(local, *rest)]
+
+    def _rows(self, first: Any) -> tuple[np.ndarray, Any]:
+        """The rows ``first`` needs, read, and the index of them that stands for ``first``."""
         n = len(self.column)
-        if isinstance(key, int | np.integer):
-            i = int(key) + n if key < 0 else int(key)
-            if not 0 <= i < n:
-                raise IndexError(f"index {key} is out of range for {n} rows")
-            return self.column.slice(i, i + 1)[0][rest]
-        elif isinstance(key, slice):
-            start, stop, step = key.indices(n)
-            out = (
-                self.column.slice(start, stop)
-                if step == 1
-                else self.column.take(np.arange(start, stop, step))
+        if isinstance(first, slice):
+            start, stop, step = first.indices(n)
+            if step == 1:
+                return self.column.slice(start, stop), slice(None)
+            return self.column.take(np.arange(start, stop, step, dtype=np.int64)), slice(None)
+        index = np.asarray(first)
+        if index.dtype == bool:
+            if index.shape != (n,):
+                raise IndexError(
+                    f"boolean index did not match indexed array along axis 0; size of axis "
+                    f"is {n} but size of corresponding boolean axis is "
+                    f"{index.shape[0] if index.ndim else 0}"
+                    + ("" if index.ndim <= 1 else f" (a mask of {index.ndim} dimensions)")
+                )
+            wanted = np.flatnonzero(index)
+            return self.column.take(wanted), slice(None)
+        if index.size == 0 and index.dtype == np.float64:  # an empty list: no rows
+            index = index.astype(np.int64)
+        if not np.issubdtype(index.dtype, np.integer):
+            raise IndexError(
+                "only integers, slices (`:`), ellipsis (`...`), numpy.newaxis (`None`) and "
+                f"integer or boolean arrays are valid indices; got {index.dtype}"
             )
-        else:
-            out = self.column.take(np.asarray(key) % max(n, 1))
-        return out[(slice(None), *rest)] if rest else out
+        flat = index.astype(np.int64).reshape(-1)
+        bad = (flat < -n) | (flat >= n)
+        if bad.any():
+            raise IndexError(f"index {int(flat[bad][0])} is out of bounds for axis 0 with size {n}")
+        flat = np.where(flat < 0, flat + n, flat)
+        if index.ndim == 0:
+            return self.column.slice(int(flat[0]), int(flat[0]) + 1), 0
+        wanted, local = np.unique(flat, return_inverse=True)
+        return self.column.take(wanted), local.reshape(index.shape)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = self.column.slice(0, len(self.column))

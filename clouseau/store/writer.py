@@ -45,6 +45,14 @@ from clouseau.store.safetensors_io import entry_cost, header_overhead, write_fil
 __all__ = ["FLUSH_S", "Core"]
 
 FLUSH_S = 2.0  # the default bound, in seconds, on what a crash can lose
+# Arrays per file: a file is cut at the end of the call that reaches this many (and inside
+# a call at four times as many). Writing a file costs per array as well as per byte: small
+# calls made fast (50,000 a second) buffered 100,000 arrays per flush_s, whose file took
+# seconds to write while the calls went on, so under CPU load the first file landed after
+# the kill that the flush_s bound promises to survive (and a header grows past the
+# 100 MiB that safetensors reads). Cut at this count, files land steadily and each one is
+# written in a fraction of flush_s.
+ARRAYS_PER_FILE = 8192
 
 
 class Core:
@@ -145,7 +153,8 @@ class Core:
                     record = replace(record, key=f"{record.key}~{record.order}")
                 encoded = encode_record(record)
                 cost = self._cost(record, array, encoded)
-                if self._buffer and self._buffer_bytes + cost > self.max_bytes:
+                full = len(self._buffer) >= 4 * ARRAYS_PER_FILE
+                if self._buffer and (full or self._buffer_bytes + cost > self.max_bytes):
                     self._submit()
                 if call not in self._buffer_calls:
                     self._buffer_calls.add(call)
@@ -162,7 +171,8 @@ class Core:
     def end_call(self, call: int) -> None:
         with self._calls.lock:
             self._ended(call)
-            if self._buffer and time.monotonic() - self._buffer_since > self.flush_s:
+            old = time.monotonic() - self._buffer_since > self.flush_s
+            if self._buffer and (old or len(self._buffer) >= ARRAYS_PER_FILE):
                 self._submit()
 
     def fail_call(self, call: int, error: BaseException) -> None:

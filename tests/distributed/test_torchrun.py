@@ -10,6 +10,7 @@ import torch
 
 import clouseau
 from clouseau.distributed import IncompleteCaptureWarning, PartedCapture
+from clouseau.store.rows import columns
 from tests.distributed import workload
 from tests.distributed.launch import run, torchrun
 
@@ -92,3 +93,13 @@ def test_record_killed_on_one_rank_then_resumed_equals_one_process(tmp_path) -> 
             assert len(merged.entries) == len(single.entries)  # nothing duplicated
             np.testing.assert_array_equal(merged.get(name, call=call), single.get(name, call=call))
             np.testing.assert_allclose(merged.get(name, call=call), eager[call][name].numpy())
+    # The row readers map the parts' files, as load found them (not every row in memory).
+    for name in workload.SELECT:
+        (column,) = columns(merged, (name,))
+        assert all(chunk.file is not None for chunk in column.chunks)
+        rows = np.concatenate(single.all_calls(name))
+        np.testing.assert_array_equal(np.asarray(merged.array(name)), rows)
+        batches = merged.iter_batches(name, 5, shuffle=False)
+        np.testing.assert_array_equal(np.concatenate(list(batches)), rows)
+        dataset = merged.to_torch_dataset(name)
+        np.testing.assert_array_equal(dataset[list(range(len(rows)))].numpy(), rows)

@@ -31,7 +31,9 @@ from tests.store.util import (
 )
 
 # A child that writes calls of three 2 MiB arrays (value 10*call+j) into 64 MiB files until
-# told to stop; it prints "ready" once its first file is complete.
+# told to stop; it prints "ready" once its first file is complete. After its calls it
+# waits for the signal with the capture open: a child that could finish first (a parent
+# slow to send the signal on a busy machine) would exit before it, stderr empty.
 WRITER_CHILD = """
 import sys, time
 import numpy as np
@@ -46,6 +48,7 @@ for call in range(int(sys.argv[2])):
     if not said and len(list(__import__("pathlib").Path(sys.argv[1]).glob("*.safetensors"))) >= 1:
         print("ready", flush=True)
         said = True
+time.sleep(120)
 sink.close()
 """
 

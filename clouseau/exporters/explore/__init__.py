@@ -2,8 +2,8 @@
 
 ``clouseau.explore(source, "report.html")`` (and ``clouseau explore DIR``) resolve their
 source in the API layer and call :func:`write_page` with an :class:`ExploreInput`: the IR
-graph, the saved arrays by point name, and the rows of a diff. This package imports only
-``clouseau.ir`` and numpy.
+graph, the statistics of the saved arrays by point name, and the rows of a diff. This
+package imports only ``clouseau.ir``, numpy and the exporters' file writer.
 
 Why dagre, laid out in the browser
 ----------------------------------
@@ -31,6 +31,7 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
+from clouseau.exporters._output import write_output
 from clouseau.exporters.explore._payload import ExploreInput, build_payload
 from clouseau.exporters.explore._stats import CallStats, PointError, call_stats
 
@@ -68,13 +69,8 @@ def render_page(data: ExploreInput) -> str:
 
 
 def write_page(data: ExploreInput, output: str | os.PathLike[str]) -> Path:
-    """Write the explorer page of ``data`` to ``output`` (written whole, then renamed)."""
+    """Write the explorer page of ``data`` to ``output`` (written whole to an exclusive
+    temporary file, never through a link, then renamed)."""
     path = Path(output)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(render_page(data), encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return write_output(path, render_page(data).encode("utf-8"))

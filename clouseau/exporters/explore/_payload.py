@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from clouseau.exporters._dot import spec_label
-from clouseau.exporters.explore._stats import PointError, call_stats, json_safe
+from clouseau.exporters.explore._stats import CallStats, PointError, call_stats, json_safe
 from clouseau.ir.flops import node_flops
 from clouseau.ir.graph import INSTRUMENTATION, Graph, Node, NodeKind, Ref, TensorSpec
 
@@ -41,10 +41,12 @@ class _Group:
 
 @dataclass(frozen=True)
 class ExploreInput:
-    """What the page shows: a graph and, optionally, saved arrays and diff rows.
+    """What the page shows: a graph and, optionally, saved values' statistics and diff rows.
 
-    ``arrays`` maps a point name to its ``(call, array)`` pairs; ``errors`` are the rows of
-    a diff, by point name in the first capture; ``first`` names its first divergence.
+    ``stats`` maps a point name to the :class:`CallStats` of its calls (computed one array
+    at a time by the caller, so that a capture is never held whole); ``arrays`` maps a
+    point name to ``(call, array)`` pairs already in memory; ``errors`` are the rows of a
+    diff, by point name in the first capture; ``first`` names its first divergence.
     """
 
     graph: Graph
@@ -54,6 +56,7 @@ class ExploreInput:
     first: str = ""
     diff_summary: str = ""
     depth: int | None = None
+    stats: Mapping[str, Sequence[CallStats]] = field(default_factory=dict)
 
 
 def build_payload(data: ExploreInput) -> dict[str, object]:
@@ -79,7 +82,7 @@ def build_payload(data: ExploreInput) -> dict[str, object]:
         "points": points,
         "depth": depth,
         "note": _note(len(shown), groups, depth),
-        "stats": _stats_json(data.arrays, point_node),
+        "stats": _stats_json(data, point_node),
         "diff": _diff_json(data, point_node, shown, index, by_name),
     }
     return payload
@@ -235,18 +238,20 @@ def _note(count: int, groups: list[_Group], depth: int) -> str:
     )
 
 
-def _stats_json(
-    arrays: Mapping[str, Sequence[tuple[int, np.ndarray]]], point_node: dict[str, int]
-) -> dict[str, object]:
+def _stats_json(data: ExploreInput, point_node: dict[str, int]) -> dict[str, object]:
     out: dict[str, dict[str, object]] = {}
-    for name, calls in arrays.items():
+    names = {**dict.fromkeys(data.arrays), **dict.fromkeys(data.stats)}
+    for name in names:
         node = point_node.get(name)
         if node is None:
             continue
         entry = out.setdefault(str(node), {"names": [], "calls": []})
         entry["names"].append(name)  # type: ignore[attr-defined]
         if not entry["calls"]:  # several names of one value: one set of statistics
-            entry["calls"] = [call_stats(c, a).to_json() for c, a in calls]
+            found = data.stats.get(name)
+            if found is None:
+                found = [call_stats(c, a) for c, a in data.arrays[name]]
+            entry["calls"] = [s.to_json() for s in found]
     return json_safe(out)  # type: ignore[return-value]
 
 

@@ -1,7 +1,8 @@
 """Per-call statistics of saved arrays and per-point errors of a diff, as the page shows them.
 
 Everything here is numpy and plain data: the API layer reads captures and diffs and hands
-over arrays and :class:`PointError` rows, so this exporter imports nothing from the store.
+over statistics (or arrays) and :class:`PointError` rows; the statistics are those of
+``clouseau.store.array_stats``, the one implementation of an array's numbers.
 Non-finite floats cannot travel in JSON; :func:`json_safe` spells them ``"nan"``,
 ``"inf"`` and ``"-inf"``, and the page formats those strings as such.
 """
@@ -12,6 +13,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from clouseau.store.array_stats import array_stats, float_chunks
 
 HIST_BINS = 24
 
@@ -67,26 +70,36 @@ class PointError:
 
 
 def call_stats(call: int, array: np.ndarray) -> CallStats:
-    """The :class:`CallStats` of ``array`` saved in ``call`` (complex: of its modulus)."""
+    """The :class:`CallStats` of ``array`` saved in ``call`` (complex: of its modulus).
+
+    Chunk by chunk (``store.array_stats``'s chunks, then one more pass for the histogram
+    once its range is known), so that memory beyond the array stays a few MiB: the
+    explorer streams a capture's arrays one at a time, and a float64 copy of each would
+    be twice its size again.
+    """
     raw = np.asarray(array)
-    x = raw.astype(np.complex128) if np.iscomplexobj(raw) else raw.astype(np.float64)
-    if np.iscomplexobj(x):
-        x = np.abs(x)
-    nan_mask, inf_mask = np.isnan(x), np.isinf(x)
-    finite = x[~(nan_mask | inf_mask)]
-    zeros = int(np.count_nonzero(x == 0))
-    if finite.size == 0:
+    summary = array_stats(raw)
+    zeros, abs_sum = 0, 0.0
+    lo, hi = summary.min, summary.max
+    if summary.nan + summary.inf == summary.size:  # nothing finite: no histogram
+        for chunk in float_chunks(raw):
+            zeros += int(np.count_nonzero(chunk == 0))
         nan = math.nan
         return CallStats(call, tuple(raw.shape), str(raw.dtype), int(raw.size), nan, nan, nan,
-                         nan, nan, zeros, int(nan_mask.sum()), int(inf_mask.sum()), nan, nan, ())  # fmt: skip
-    lo, hi = float(finite.min()), float(finite.max())
+                         nan, nan, zeros, summary.nan, summary.inf, nan, nan, ())  # fmt: skip
     # np.histogram needs a non-empty range; a constant array gets one bin of width 1.
-    counts, _ = np.histogram(finite, bins=HIST_BINS, range=(lo, hi) if hi > lo else (lo, lo + 1))
+    top = hi if hi > lo else lo + 1
+    counts = np.zeros(HIST_BINS, dtype=np.int64)
+    for chunk in float_chunks(raw):
+        zeros += int(np.count_nonzero(chunk == 0))
+        finite = chunk[np.isfinite(chunk)]
+        abs_sum += float(np.abs(finite).sum())
+        counts += np.histogram(finite, bins=HIST_BINS, range=(lo, top))[0]
+    finite_count = summary.size - summary.nan - summary.inf
     return CallStats(
         call, tuple(raw.shape), str(raw.dtype), int(raw.size),
-        float(finite.mean()), float(finite.std()), lo, hi, float(np.abs(finite).mean()),
-        zeros, int(nan_mask.sum()), int(inf_mask.sum()), lo, hi if hi > lo else lo + 1,
-        tuple(int(c) for c in counts),
+        summary.mean, summary.std, lo, hi, abs_sum / finite_count,
+        zeros, summary.nan, summary.inf, lo, top, tuple(int(c) for c in counts),
     )  # fmt: skip
 
 
