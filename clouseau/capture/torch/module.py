@@ -384,17 +384,11 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
                 entry.unverified = True
                 return entry, None
         # A new instrumented model of a model already seen: the graph derived before.
-        reuse = reuse_key(
-            self.model,
-            self._key(args, kwargs),
-            self._select,
-            not (self._intervene or self._grads),
-            bool(entries),
-        )
+        plain = not (self._intervene or self._grads)
+        reuse = reuse_key(self.model, self._key(args, kwargs), self._select, plain, bool(entries))
         kept = lookup(reuse, self.model)
         if kept is not None:
-            entry = self._add_entry(kept, args, kwargs, entries)
-            return entry, None
+            return self._add_entry(kept, args, kwargs, entries), None
         # A second shape of a structure asks for an export with dynamic dimensions.
         token = DYNAMIC_EXPORT.set(bool(entries))
         try:
