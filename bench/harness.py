@@ -400,6 +400,9 @@ def versions() -> dict[str, str]:
         "numpy",
         "safetensors",
         "torchlens",
+        "nnsight",
+        "transformer-lens",
+        "transformers",
     ):
         try:
             out[dist] = metadata.version(dist)
