@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import shutil
 import time
@@ -72,6 +73,8 @@ def overhead(cfg: Config) -> Report:
         import clouseau
 
         fmodel = clouseau.instrument(twin(), select=select, path=None)
+        fmodel(x)  # the trace: the warm-up must size its samples on the steady state
+        clear_memory(fmodel)
         return Variant(
             "",
             step=lambda: (fmodel(x), Lazy(lambda n: fmodel.captured[n]))[1],
@@ -89,7 +92,10 @@ def overhead(cfg: Config) -> Report:
         build(NONE, lambda: instrumented(None)),
     ]
     # Samples of a few ms (200 steps) are short: more repetitions make up for it.
-    report.results = run_variants(variants, cfg, reps=cfg.reps * (1 if cfg.tiny else 3))
+    # The last warm-up step sizes a variant's samples: one slow step (the machine is shared)
+    # would make them single calls, which run cold after the collection before each sample.
+    warm = dataclasses.replace(cfg, warmup=max(cfg.warmup, 5))
+    report.results = run_variants(variants, warm, reps=cfg.reps * (1 if cfg.tiny else 3))
     plain = report.result(PLAIN)
 
     def cost(name: str) -> float:
