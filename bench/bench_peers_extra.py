@@ -155,7 +155,7 @@ def dataset(cfg: Config) -> Report:
         title=f"An activation dataset: {n} batches to disk ({case.shape.split(',')[0]}, batch 2x64)",
         description="`clouseau.record(model, batches, select=<the 12 module outputs>, path=...)` "
         "against forward hooks that clone + `safetensors.torch.save_file` of one file per "
-        "batch (the floor). Each run is whole (first batch and trace included, files closed); "
+        "batch (the floor). Each run is whole (from its first batch to its files closed); "
         "the runs alternate, and each ratio is of one record run to the floor run beside it. "
         "Batches of 2x64 keep 200 of them to seconds on a shared machine.",
         plain="floor",
