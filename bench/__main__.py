@@ -49,6 +49,12 @@ COMPARISONS: dict[str, tuple[str, str, str]] = {
     "load-files": ("bench.bench_load", "load_scaling", ""),
     "dist-torchrun": ("bench.bench_distributed", "torchrun_scaling", ""),
     "dist-upload": ("bench.bench_distributed", "upload_vs_disk", ""),
+    "peers-memory": ("bench.bench_peers", "memory", ""),
+    "peers-disk": ("bench.bench_peers", "disk", ""),
+    "peers-generate": ("bench.bench_peers", "generate", ""),
+    "peers-overhead": ("bench.bench_peers_extra", "overhead", ""),
+    "peers-dataset": ("bench.bench_peers_extra", "dataset", ""),
+    "peers-torchlens": ("bench.bench_peers_extra", "torchlens", ""),
 }
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "RESULTS.md"
@@ -86,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         time.perf_counter() - started,
         load_before,
     )
+    if any(r.name.startswith("peers-") for r in reports):
+        from bench.bench_peers import plot
+
+        drawn = plot(reports, out.parent / "peers.png")
+        print(drawn)
+        text += f"\n{drawn}.\n"
     out.write_text(text)
     print(f"wrote {out} ({time.perf_counter() - started:.0f} s)")
     return 0

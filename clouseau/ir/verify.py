@@ -7,6 +7,8 @@ defined earlier, one output node at the end, save and intervene nodes that read 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from clouseau.ir.errors import VerificationError
 from clouseau.ir.graph import INSTRUMENTATION, Graph, Node, NodeKind, TensorSpec
 from clouseau.ir.printer import format_node
@@ -19,7 +21,7 @@ def verify(graph: Graph) -> Graph:
     defined: dict[str, Node] = {}
     point_names: set[str] = set()
     for position, node in enumerate(graph.nodes):
-        where = _where(graph, position, node)
+        where = _Where(graph, position, node)
         _check_name(node.name, where)
         if node.name in defined:
             raise VerificationError(f"{where}: the name {node.name!r} is used by two nodes")
@@ -31,7 +33,7 @@ def verify(graph: Graph) -> Graph:
                 raise VerificationError(
                     f"{where}: reads {ref}, but {ref.node!r} has {len(producer.outputs)} output(s)"
                 )
-        _check_kind(graph, position, node, defined)
+        _check_kind(graph, position, node, defined, where)
         for index, alias in node.aliases:
             _check_name(alias, where)
             if not 0 <= index < len(node.outputs):
@@ -55,8 +57,9 @@ def verify(graph: Graph) -> Graph:
     return graph
 
 
-def _check_kind(graph: Graph, position: int, node: Node, defined: dict[str, Node]) -> None:
-    where = _where(graph, position, node)
+def _check_kind(
+    graph: Graph, position: int, node: Node, defined: dict[str, Node], where: _Where
+) -> None:
     if node.kind is NodeKind.OUTPUT:
         if position != len(graph.nodes) - 1:
             raise VerificationError(f"{where}: the output node must be the last node")
@@ -83,7 +86,7 @@ def _check_kind(graph: Graph, position: int, node: Node, defined: dict[str, Node
         raise VerificationError(f"{where}: an input node reads no value")
 
 
-def _check_reads_tensor(node: Node, defined: dict[str, Node], where: str) -> TensorSpec:
+def _check_reads_tensor(node: Node, defined: dict[str, Node], where: _Where) -> TensorSpec:
     ref = node.inputs[0]
     spec = defined[ref.node].outputs[ref.index]
     if not isinstance(spec, TensorSpec):
@@ -91,7 +94,7 @@ def _check_reads_tensor(node: Node, defined: dict[str, Node], where: str) -> Ten
     return spec
 
 
-def _check_names(node: Node, where: str) -> None:
+def _check_names(node: Node, where: _Where) -> None:
     names = node.attr("names")
     if not isinstance(names, tuple) or not names:
         raise VerificationError(
@@ -99,12 +102,25 @@ def _check_names(node: Node, where: str) -> None:
         )
 
 
-def _check_name(name: str, where: str) -> None:
+def _check_name(name: str, where: _Where) -> None:
     if not name or any(c in _FORBIDDEN_IN_NAMES for c in name):
         raise VerificationError(
             f"{where}: {name!r} is not a valid name (empty, or contains whitespace, '#', '%' or ',')"
         )
 
 
-def _where(graph: Graph, position: int, node: Node) -> str:
-    return f"graph {graph.name!r}, node #{position} ({format_node(node, sources=False)})"
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """Where a node is, for an error message: formatted only when one is raised.
+
+    Printing a node costs more than checking it, and a graph that passes (nearly every
+    one) never needs the text; verify runs after every trace and pass.
+    """
+
+    graph: Graph
+    position: int
+    node: Node
+
+    def __str__(self) -> str:
+        node = format_node(self.node, sources=False)
+        return f"graph {self.graph.name!r}, node #{self.position} ({node})"

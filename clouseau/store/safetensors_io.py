@@ -156,33 +156,58 @@ def write_file(
 
 
 def _write_all(f: BinaryIO, buffers: list[memoryview | bytes]) -> None:
-    """Write ``buffers`` in order, in as few system calls as the OS allows.
+    """Write ``buffers`` in order, in ``os.writev`` calls of at most ``WRITE_CHUNK`` bytes.
 
-    One ``write`` per array costs more than the copy on a journaling file system: each
-    call updates the inode, and the arrays after an odd-sized header start mid-page.
-    ``os.writev`` hands the kernel every buffer at once (about 1.6x faster for a file of
-    17 arrays of 128 KiB here). It may write less than asked (2 GiB per call on Linux,
-    a signal): the loop goes on from where it stopped.
+    One ``write`` per array costs more than the copy on a journaling file system (each
+    call updates the inode), so small arrays go to the kernel together, several buffers
+    per ``writev``. Large ones go in pieces: on some kernels one write of 2 MiB or more
+    is 20-45x slower than the same bytes in 1 MiB writes (docs/performance.md, and
+    ``python -m bench.write_chunk`` to measure a machine). A call may write less than
+    asked (a signal): the loop goes on from where it stopped.
     """
     try:
         fd = f.fileno()
     except (AttributeError, OSError):  # a file object without a descriptor
         fd = -1
+    pieces = _pieces(buffers, WRITE_CHUNK)
     if fd < 0 or not hasattr(os, "writev"):  # no writev on Windows
-        for buffer in buffers:
-            f.write(buffer)
+        for piece in pieces:
+            f.write(piece)
         return
-    views = [memoryview(b) for b in buffers]
-    first = 0  # views before it are written
-    while first < len(views):
-        written = os.writev(fd, views[first : first + _IOV_MAX])
+    first = 0  # pieces before it are written
+    while first < len(pieces):
+        stop, size = first, 0
+        while stop < len(pieces) and stop - first < _IOV_MAX and size < WRITE_CHUNK:
+            size += len(pieces[stop])
+            stop += 1
+        written = os.writev(fd, pieces[first:stop])
         if not written:  # a regular file never does this; a loop forever is worse
             raise OSError(errno.EIO, "the file system accepted no bytes")
-        while first < len(views) and written >= len(views[first]):
-            written -= len(views[first])
+        while first < len(pieces) and written >= len(pieces[first]):
+            written -= len(pieces[first])
             first += 1
         if written:
-            views[first] = views[first][written:]
+            pieces[first] = pieces[first][written:]
+
+
+def _pieces(buffers: Sequence[memoryview | bytes], chunk: int) -> list[memoryview]:
+    """``buffers`` as views cut at every multiple of ``chunk`` bytes of the stream (no copy).
+
+    Consecutive pieces up to such a cut fill one write of exactly ``chunk`` bytes, so a
+    file takes ``ceil(size / chunk)`` calls and every call after the first starts on a
+    page boundary of the file.
+    """
+    out: list[memoryview] = []
+    offset = 0  # of the next byte in the stream
+    for buffer in buffers:
+        view = memoryview(buffer).cast("B")
+        start = 0
+        while start < len(view):
+            stop = min(len(view), start + chunk - offset % chunk)
+            out.append(view[start:stop])
+            offset += stop - start
+            start = stop
+    return out
 
 
 def _iov_max() -> int:
@@ -195,6 +220,10 @@ def _iov_max() -> int:
 
 # Buffers per os.writev call: the OS limit (1024 on Linux), 16 where it cannot be read.
 _IOV_MAX = _iov_max()
+# Bytes per write call. 1 MiB: below the 2 MiB from which single writes were measured
+# 20-45x slower on this project's VMs, and no slower than larger writes where they are not
+# (bench/write_chunk.py; figures in docs/performance.md).
+WRITE_CHUNK = 2**20
 
 
 def _write_error(path: Path, err: OSError) -> str:

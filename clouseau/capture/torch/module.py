@@ -23,6 +23,7 @@ from clouseau.capture.torch.intervene import emitting_grads
 from clouseau.capture.torch.ir_build import UntraceableError
 from clouseau.capture.torch.lower import Lowered, SaveTarget, lower
 from clouseau.capture.torch.probe import FirstRun
+from clouseau.capture.torch.reuse import keep, lookup, reuse_key
 from clouseau.capture.torch.signature import (
     MAX_SIGNATURES,
     exact_key,
@@ -382,6 +383,12 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             if entry.accepts is None or entry.accepts(args, kwargs):
                 entry.unverified = True
                 return entry, None
+        # A new instrumented model of a model already seen: the graph derived before.
+        plain = not (self._intervene or self._grads)
+        reuse = reuse_key(self.model, self._key(args, kwargs), self._select, plain, bool(entries))
+        kept = lookup(reuse, self.model)
+        if kept is not None:
+            return self._add_entry(kept, args, kwargs, entries), None
         # A second shape of a structure asks for an export with dynamic dimensions.
         token = DYNAMIC_EXPORT.set(bool(entries))
         try:
@@ -404,10 +411,17 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         finally:
             DYNAMIC_EXPORT.reset(token)
         self._traces += 1
-        graph_id = self._sink.add_graph(lowered.graph)
-        entry = _Entry(self.model, lowered, graph_id, args, kwargs)
+        entry = self._add_entry(lowered, args, kwargs, entries)
+        first = lowered.traced.first.take()
+        keep(reuse, self.model, lowered)
+        return entry, first
+
+    def _add_entry(
+        self, lowered: Lowered, args: tuple[Any, ...], kwargs: dict[str, Any], entries: list[Any]
+    ) -> _Entry:
+        entry = _Entry(self.model, lowered, self._sink.add_graph(lowered.graph), args, kwargs)
         entries.append(entry)
-        return entry, lowered.traced.first.take()
+        return entry
 
     def _to_tier(self, tier: Any, name: str, reasons: tuple[str, ...]) -> _TierEntry:
         from clouseau.capture.torch.dynamo import warn_tier
