@@ -29,6 +29,7 @@ from clouseau.capture.torch.naming import source_from_exception, source_from_sta
 from clouseau.capture.torch.probe import FirstRun, Probe, probe, probe_call
 from clouseau.capture.torch.symbolic import Symbols, export_symbols, fx_symbols
 from clouseau.capture.torch.traced import NodeInfo, Traced
+from clouseau.ir.canonical_names import add_canonical_names
 from clouseau.ir.errors import TraceError
 from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import (
@@ -238,7 +239,8 @@ def build_graph(
         modules=_modules(model),
         meta=(("training", model.training), *traced.meta),
     )
-    return verify(graph)
+    # Canonical names (blocks.0.resid_post, ...) are aliases inferred from the graph.
+    return verify(add_canonical_names(graph))
 
 
 def _with_symbols(spec: Spec | None, symbols: Symbols | None) -> Spec:

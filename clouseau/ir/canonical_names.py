@@ -1,0 +1,143 @@
+"""Canonical point names (``blocks.3.resid_post``, ``blocks.0.attn.pattern``) on a graph.
+
+:func:`add_canonical_names` names the values whose roles :func:`~clouseau.ir.canonical.
+infer_roles` found, as extra aliases of the points that already hold them (no copy), and
+TransformerLens' spelling of each (``blocks.3.hook_resid_post``) beside it. A value the
+model never materializes in the canonical layout (a fused kernel's attention pattern, a
+``[batch, pos, head, d_head]`` view of a fused projection) is a *computed point*
+(:mod:`clouseau.ir.computed`): one node that reads the model's own values and that a
+frontend lowers only when a save reads it, so unselected canonical names cost nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from clouseau.ir.canonical import Attention, Block, Roles, Stack, infer_roles
+from clouseau.ir.graph import Graph, Node, Ref
+
+#: TransformerLens' spelling of a canonical leaf name, where it is not ``hook_<leaf>``.
+TL_SPELLING = {"scores": "hook_attn_scores", "ln_final": "ln_final.hook_normalized",
+               "logits": "hook_unembed"}  # fmt: skip
+
+#: A computed point's builder: (graph, attention, name) -> the node that computes it.
+Builder = Callable[[Graph, Attention, str, str], Node | None]
+
+
+@dataclass(frozen=True)
+class Named:
+    """One canonical name and the value it stands for (or how to compute it)."""
+
+    name: str
+    ref: Ref | None = None
+    attention: Attention | None = None
+    what: str = ""  # for a computed point: "q", "k", "v", "z", "scores" or "pattern"
+    module: str = ""
+
+
+def tl_alias(name: str) -> str:
+    """TransformerLens' spelling of a canonical name: ``blocks.0.attn.hook_pattern``."""
+    head, _, leaf = name.rpartition(".")
+    spelled = TL_SPELLING.get(leaf, f"hook_{leaf}")
+    return f"{head}.{spelled}" if head else spelled
+
+
+def canonical_names(roles: Roles) -> tuple[Named, ...]:
+    """Every canonical name of ``roles``, in the order the model computes them."""
+    encdec = len(roles.stacks) > 1
+    found: list[Named] = []
+    for position, stack in enumerate(roles.stacks):
+        prefix = ("encoder." if position == 0 else "decoder.") if encdec else ""
+        found += _stack_names(stack, prefix)
+    if roles.logits is not None:
+        found.append(Named("logits", roles.logits))
+    return tuple(found)
+
+
+def _stack_names(stack: Stack, prefix: str) -> list[Named]:
+    found = []
+    for leaf, ref in (("embed", stack.embed), ("pos_embed", stack.pos_embed)):
+        if ref is not None:
+            found.append(Named(prefix + leaf, ref))
+    for block in stack.blocks:
+        found += _block_names(block, f"{prefix}blocks.{block.index}")
+    if stack.ln_final is not None:
+        found.append(Named(prefix + "ln_final", stack.ln_final))
+    return found
+
+
+def _block_names(block: Block, base: str) -> list[Named]:
+    found = [Named(f"{base}.resid_pre", block.resid_pre)]
+    for position, attention in enumerate(block.attentions[:2]):
+        attn = "attn" if position == 0 else "cross_attn"
+        found += _attention_names(attention, f"{base}.{attn}")
+        found.append(Named(f"{base}.{attn}_out", attention.output))
+        if position == 0 and block.resid_mid is not None:
+            found.append(Named(f"{base}.resid_mid", block.resid_mid))
+    for leaf, ref in (("mlp.pre", block.mlp_pre), ("mlp.post", block.mlp_post),
+                      ("mlp_out", block.mlp_out)):  # fmt: skip
+        if ref is not None:
+            found.append(Named(f"{base}.{leaf}", ref))
+    found.append(Named(f"{base}.resid_post", block.resid_post))
+    return found
+
+
+def _attention_names(attention: Attention, base: str) -> list[Named]:
+    found = []
+    held = {
+        "q": attention.q_heads,
+        "k": attention.k_heads,
+        "v": attention.v_heads,
+        "scores": attention.scores,
+        "pattern": attention.pattern,
+        "z": attention.z,
+    }
+    for what in ("q", "k", "v", "scores", "pattern", "z"):
+        ref = held[what]
+        if ref is not None:
+            found.append(Named(f"{base}.{what}", ref))
+        else:
+            found.append(Named(f"{base}.{what}", None, attention, what))
+    return found
+
+
+def add_canonical_names(graph: Graph, computed: Builder | None = None) -> Graph:
+    """``graph`` with its canonical names (and TransformerLens' spelling) as aliases.
+
+    ``computed`` builds the node of a canonical value the model does not hold (see
+    :func:`clouseau.ir.computed.attention_point`); without it such names are left out.
+    A name the graph already uses (a module called ``blocks``) keeps its meaning: the
+    canonical alias is left out.
+    """
+    roles = infer_roles(graph)
+    if not roles.stacks:
+        return graph
+    order = {n.name: i for i, n in enumerate(graph.nodes)}
+    taken = set(graph._points_by_name) | {n.name for n in graph.nodes}
+    aliases: dict[str, list[tuple[int, str]]] = {}
+    extra: dict[str, list[Node]] = {}  # computed nodes, by the node they follow
+    for named in canonical_names(roles):
+        names = [n for n in (named.name, tl_alias(named.name)) if n not in taken]
+        if not names:
+            continue
+        if named.ref is not None:
+            taken.update(names)
+            aliases.setdefault(named.ref.node, []).extend((named.ref.index, n) for n in names)
+            continue
+        if computed is None or named.attention is None:
+            continue
+        node = computed(graph, named.attention, named.what, names[0])
+        if node is None:
+            continue
+        taken.update(names)
+        node = replace(node, aliases=tuple((0, n) for n in names[1:]))
+        after = max(node.inputs, key=lambda r: order[r.node]).node
+        extra.setdefault(after, []).append(node)
+        taken.add(node.name)
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        more = aliases.get(node.name)
+        nodes.append(replace(node, aliases=node.aliases + tuple(more)) if more else node)
+        nodes += extra.get(node.name, ())
+    return graph.with_nodes(tuple(nodes))
