@@ -21,6 +21,7 @@ from clouseau.capture._common import (
 )
 from clouseau.capture.torch._quiet import quiet_export
 from clouseau.capture.torch._sync import TRACE_LOCK
+from clouseau.capture.torch.computed import kernel_attrs
 from clouseau.capture.torch.export_trace import trace_export
 from clouseau.capture.torch.flop_ops import category
 from clouseau.capture.torch.fx_trace import trace_fx
@@ -30,6 +31,7 @@ from clouseau.capture.torch.probe import FirstRun, Probe, probe, probe_call
 from clouseau.capture.torch.symbolic import Symbols, export_symbols, fx_symbols
 from clouseau.capture.torch.traced import NodeInfo, Traced
 from clouseau.ir.canonical_names import add_canonical_names
+from clouseau.ir.computed_attention import attention_point
 from clouseau.ir.errors import TraceError
 from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import (
@@ -228,7 +230,8 @@ def build_graph(
                 aliases=tuple((0, a) for a in info.aliases),
                 attrs=_module_attrs(model, fx_node)
                 + _point_kind(info, inputs, static, fx_node.name in facts.plain)
-                + category_attr(category(info.op)),
+                + category_attr(category(info.op))
+                + kernel_attrs(fx_node, info.op),
             )
         )  # fmt: skip
         by_fx[fx_node.name] = info.name
@@ -240,7 +243,7 @@ def build_graph(
         meta=(("training", model.training), *traced.meta),
     )
     # Canonical names (blocks.0.resid_post, ...) are aliases inferred from the graph.
-    return verify(add_canonical_names(graph))
+    return verify(add_canonical_names(graph, attention_point))
 
 
 def _with_symbols(spec: Spec | None, symbols: Symbols | None) -> Spec:
