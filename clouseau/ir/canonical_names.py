@@ -13,16 +13,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 
 from clouseau.ir.canonical import Attention, Block, Roles, Stack, infer_roles
+from clouseau.ir.computed_attention import attention_point
+from clouseau.ir.computed_views import head_out, logit_lens
 from clouseau.ir.graph import Graph, Node, Ref
 
 #: TransformerLens' spelling of a canonical leaf name, where it is not ``hook_<leaf>``.
 TL_SPELLING = {"scores": "hook_attn_scores", "ln_final": "ln_final.hook_normalized",
                "logits": "hook_unembed"}  # fmt: skip
 
-#: A computed point's builder: (graph, attention, name) -> the node that computes it.
-Builder = Callable[[Graph, Attention, str, str], Node | None]
+#: Derived views TransformerLens has no name for (no ``hook_`` alias).
+_OURS = (".logit_lens", ".head_out")
+
+#: A computed point's builder: (graph, name) -> the node that computes it (None: it cannot).
+Builder = Callable[[Graph, str], Node | None]
 
 
 @dataclass(frozen=True)
@@ -31,9 +37,7 @@ class Named:
 
     name: str
     ref: Ref | None = None
-    attention: Attention | None = None
-    what: str = ""  # for a computed point: "q", "k", "v", "z", "scores" or "pattern"
-    module: str = ""
+    build: Builder | None = None  # for a computed point
 
 
 def tl_alias(name: str) -> str:
@@ -50,6 +54,15 @@ def canonical_names(roles: Roles) -> tuple[Named, ...]:
     for position, stack in enumerate(roles.stacks):
         prefix = ("encoder." if position == 0 else "decoder.") if encdec else ""
         found += _stack_names(stack, prefix)
+        if stack is roles.stacks[-1] and roles.logits is not None:
+            last = stack.blocks[-1].resid_post
+            found += [
+                Named(
+                    f"{prefix}blocks.{b.index}.logit_lens",
+                    build=partial(logit_lens, resid=b.resid_post, last=last, logits=roles.logits),
+                )
+                for b in stack.blocks
+            ]
     if roles.logits is not None:
         found.append(Named("logits", roles.logits))
     return tuple(found)
@@ -72,6 +85,7 @@ def _block_names(block: Block, base: str) -> list[Named]:
     for position, attention in enumerate(block.attentions[:2]):
         attn = "attn" if position == 0 else "cross_attn"
         found += _attention_names(attention, f"{base}.{attn}")
+        found.append(Named(f"{base}.{attn}.head_out", build=partial(head_out, attention=attention)))
         found.append(Named(f"{base}.{attn}_out", attention.output))
         if position == 0 and block.resid_mid is not None:
             found.append(Named(f"{base}.resid_mid", block.resid_mid))
@@ -98,15 +112,22 @@ def _attention_names(attention: Attention, base: str) -> list[Named]:
         if ref is not None:
             found.append(Named(f"{base}.{what}", ref))
         else:
-            found.append(Named(f"{base}.{what}", None, attention, what))
+            build = partial(_attention_point, attention=attention, what=what)
+            found.append(Named(f"{base}.{what}", None, build))
     return found
 
 
-def add_canonical_names(graph: Graph, computed: Builder | None = None) -> Graph:
+def _attention_point(graph: Graph, name: str, *, attention: Attention, what: str) -> Node | None:
+    return attention_point(graph, attention, what, name)
+
+
+def add_canonical_names(graph: Graph, *, computed: bool = False) -> Graph:
     """``graph`` with its canonical names (and TransformerLens' spelling) as aliases.
 
-    ``computed`` builds the node of a canonical value the model does not hold (see
-    :func:`clouseau.ir.computed.attention_point`); without it such names are left out.
+    With ``computed`` (a frontend that lowers computed points) a canonical value the
+    model does not hold is a computed point (:mod:`clouseau.ir.computed`), and so are
+    the derived views ``blocks.*.logit_lens`` and ``blocks.*.attn.head_out``; without
+    it such names are left out.
     A name the graph already uses (a module called ``blocks``) keeps its meaning: the
     canonical alias is left out.
     """
@@ -118,16 +139,19 @@ def add_canonical_names(graph: Graph, computed: Builder | None = None) -> Graph:
     aliases: dict[str, list[tuple[int, str]]] = {}
     extra: dict[str, list[Node]] = {}  # computed nodes, by the node they follow
     for named in canonical_names(roles):
-        names = [n for n in (named.name, tl_alias(named.name)) if n not in taken]
+        spellings = (
+            (named.name,) if named.name.endswith(_OURS) else (named.name, tl_alias(named.name))
+        )
+        names = [n for n in spellings if n not in taken]
         if not names:
             continue
         if named.ref is not None:
             taken.update(names)
             aliases.setdefault(named.ref.node, []).extend((named.ref.index, n) for n in names)
             continue
-        if computed is None or named.attention is None:
+        if not computed or named.build is None:
             continue
-        node = computed(graph, named.attention, named.what, names[0])
+        node = named.build(graph, names[0])
         if node is None:
             continue
         taken.update(names)

@@ -49,6 +49,8 @@ class Op(enum.Enum):
     # Fill values are strings float() reads ("-inf"): graph files stay strict JSON.
     MASK_FILL = "mask_fill"  # x where the boolean mask is true, else attr value
     CAUSAL_FILL = "causal_fill"  # x on and below diagonal attr offset, else attr value
+    KEEP = "keep"  # x with every slice along attr axis zeroed but attr index (-1: all)
+    STACK = "stack"  # the inputs stacked along a new axis attr axis
     REPLAY = "replay"  # the model's nodes attr nodes, attr source replaced by the input
 
 

@@ -52,6 +52,17 @@ def _causal_fill(x: torch.Tensor, value: float, offset: int) -> torch.Tensor:
     return x.masked_fill(~keep, value)
 
 
+def _keep(x: torch.Tensor, axis: int, index: int) -> torch.Tensor:
+    kept = torch.zeros_like(x)
+    if index >= 0:
+        kept.select(axis, index).copy_(x.select(axis, index))
+    return kept
+
+
+def _stack(*xs: torch.Tensor, axis: int) -> torch.Tensor:
+    return torch.stack(xs, dim=axis)
+
+
 def _softmax(x: torch.Tensor, axis: int) -> torch.Tensor:
     return torch.softmax(x, dim=axis, dtype=torch.float32).to(x.dtype)
 
@@ -78,6 +89,8 @@ def _emit(graph: fx.Graph, op: Op, args: list[Any], attrs: Mapping[str, Any]) ->
         Op.INDEX: lambda: graph.call_function(torch.select, (args[0], attrs["axis"], attrs["index"])),
         Op.SUM: lambda: graph.call_function(torch.sum, (args[0], attrs["axis"])),
         Op.REPEAT: lambda: graph.call_function(torch.repeat_interleave, (args[0], attrs["times"]), {"dim": attrs["axis"]}),
+        Op.KEEP: lambda: graph.call_function(_keep, (args[0], attrs["axis"], attrs["index"])),
+        Op.STACK: lambda: graph.call_function(_stack, tuple(args), {"axis": attrs["axis"]}),
         Op.MASK_FILL: lambda: graph.call_function(_mask_fill, (args[0], args[1], float(attrs["value"]))),
         Op.CAUSAL_FILL: lambda: graph.call_function(_causal_fill, (args[0], float(attrs["value"]), attrs["offset"])),
     }  # fmt: skip

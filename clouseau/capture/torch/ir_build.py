@@ -31,7 +31,6 @@ from clouseau.capture.torch.probe import FirstRun, Probe, probe, probe_call
 from clouseau.capture.torch.symbolic import Symbols, export_symbols, fx_symbols
 from clouseau.capture.torch.traced import NodeInfo, Traced
 from clouseau.ir.canonical_names import add_canonical_names
-from clouseau.ir.computed_attention import attention_point
 from clouseau.ir.errors import TraceError
 from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import (
@@ -243,7 +242,7 @@ def build_graph(
         meta=(("training", model.training), *traced.meta),
     )
     # Canonical names (blocks.0.resid_post, ...) are aliases inferred from the graph.
-    return verify(add_canonical_names(graph, attention_point))
+    return verify(add_canonical_names(graph, computed=True))
 
 
 def _with_symbols(spec: Spec | None, symbols: Symbols | None) -> Spec:
