@@ -319,7 +319,7 @@ def _logits(index: GraphIndex, stack: Stack) -> tuple[Ref | None, str]:
     """The model's logits: a projection of the final stream off the hidden size."""
     start = stack.ln_final or stack.blocks[-1].resid_post
     hidden = index.shape(start)
-    if hidden is None:
+    if hidden is None or len(hidden) < 2:
         return None, ""
     returned = _returned(index)
     downstream = {start.node}
@@ -332,7 +332,7 @@ def _logits(index: GraphIndex, stack: Stack) -> tuple[Ref | None, str]:
             node.op in LINEAR_OPS
             and shape is not None
             and len(shape) == len(hidden)
-            and shape[:-1] == hidden[:-1]
+            and shape[0] == hidden[0]  # the positions may be sliced (logits_to_keep)
             and shape[-1] != hidden[-1]
         ):
             return _to_output(index, Ref(node.name), returned), node.name

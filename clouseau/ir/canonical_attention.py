@@ -56,22 +56,19 @@ class Attention:
 
 
 def kernels(graph: Graph, index: GraphIndex) -> list[Node]:
-    found = []
-    for node in graph.nodes:
-        if node.op in KERNEL_OPS:
-            found.append(node)
-        elif node.op in SOFTMAX_OPS:
-            shape = index.shape(Ref(node.name))
-            if shape is not None and len(shape) == 4:
-                found.append(node)
-    return found
+    # Over [batch, head, query, key] (a graph without shapes yet has none).
+    return [
+        node
+        for node in graph.nodes
+        if node.op in KERNEL_OPS | SOFTMAX_OPS and len(index.shape(Ref(node.name)) or ()) == 4
+    ]
 
 
 def kernel_in(index: GraphIndex, ref: Ref, stop: set[Ref], names: set[str]) -> Node | None:
     kernels = [
         n
         for n in cone(index, ref, stop, names)
-        if n.op in KERNEL_OPS or (n.op in SOFTMAX_OPS and len(index.shape(Ref(n.name)) or ()) == 4)
+        if n.op in KERNEL_OPS | SOFTMAX_OPS and len(index.shape(Ref(n.name)) or ()) == 4
     ]
     return kernels[-1] if kernels else None
 

@@ -47,12 +47,15 @@ def tl_alias(name: str) -> str:
     return f"{head}.{spelled}" if head else spelled
 
 
-def canonical_names(roles: Roles) -> tuple[Named, ...]:
-    """Every canonical name of ``roles``, in the order the model computes them."""
-    encdec = len(roles.stacks) > 1
+def canonical_names(roles: Roles, modules: frozenset[str] = frozenset()) -> tuple[Named, ...]:
+    """Every canonical name of ``roles``, in the order the model computes them.
+
+    ``modules`` (the model's module paths) tells a decoder run alone (a generation step
+    of an encoder-decoder model) by its sibling encoder: it keeps its ``decoder.`` names.
+    """
     found: list[Named] = []
     for position, stack in enumerate(roles.stacks):
-        prefix = ("encoder." if position == 0 else "decoder.") if encdec else ""
+        prefix = _prefix(stack.path, modules, position, len(roles.stacks))
         found += _stack_names(stack, prefix)
         if stack is roles.stacks[-1] and roles.logits is not None:
             last = stack.blocks[-1].resid_post
@@ -66,6 +69,17 @@ def canonical_names(roles: Roles) -> tuple[Named, ...]:
     if roles.logits is not None:
         found.append(Named("logits", roles.logits))
     return tuple(found)
+
+
+def _prefix(path: str, modules: frozenset[str], position: int, count: int) -> str:
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        other = {"encoder": "decoder", "decoder": "encoder"}.get(part)
+        if other and (count > 1 or ".".join([*parts[:i], other]) in modules):
+            return part + "."
+    if count > 1:
+        return "encoder." if position == 0 else "decoder."
+    return ""
 
 
 def _stack_names(stack: Stack, prefix: str) -> list[Named]:
@@ -138,7 +152,7 @@ def add_canonical_names(graph: Graph, *, computed: bool = False) -> Graph:
     taken = set(graph._points_by_name) | {n.name for n in graph.nodes}
     aliases: dict[str, list[tuple[int, str]]] = {}
     extra: dict[str, list[Node]] = {}  # computed nodes, by the node they follow
-    for named in canonical_names(roles):
+    for named in canonical_names(roles, frozenset(m.path for m in graph.modules)):
         spellings = (
             (named.name,) if named.name.endswith(_OURS) else (named.name, tl_alias(named.name))
         )

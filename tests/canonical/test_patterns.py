@@ -70,3 +70,46 @@ def test_heads_last_layouts_are_the_kernels_values(family: Family) -> None:
     # z is the pattern applied to v, per head.
     torch.testing.assert_close(z, torch.einsum("bhqk,bkhd->bqhd", pattern, v), rtol=0, atol=1e-5)
     assert q.shape[2] == heads and k.shape[-1] == q.shape[-1]
+
+
+def test_patterns_and_logit_lens_in_generate() -> None:
+    family = next(f for f in FUSED if f.name == "llama")
+    model = family.model("sdpa")
+    ids = family.inputs()["input_ids"]
+    eager = family.model("eager")
+    eager.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        want = eager.generate(
+            ids, max_new_tokens=3, do_sample=False, return_dict_in_generate=True,
+            output_attentions=True, output_logits=True,
+        )  # fmt: skip
+        plain = model.generate(ids, max_new_tokens=3, do_sample=False)
+    fmodel = clouseau.instrument(model, select=["pattern", "logit_lens"], path=None)
+    with torch.no_grad():
+        got = fmodel.generate(ids, max_new_tokens=3, do_sample=False)
+    assert torch.equal(got, plain) and torch.equal(got, want.sequences)
+    cap = fmodel.captured
+    for step, weights in enumerate(want.attentions):
+        for i, w in enumerate(weights):
+            pattern = torch.from_numpy(cap.get(f"blocks.{i}.attn.pattern", call=step))
+            torch.testing.assert_close(pattern, w, rtol=0, atol=1e-6)
+        lens = torch.from_numpy(cap.get(f"blocks.{len(weights) - 1}.logit_lens", call=step))
+        torch.testing.assert_close(lens[:, -1], want.logits[step], rtol=0, atol=1e-5)
+
+
+def test_t5_generation_steps_keep_decoder_names() -> None:
+    family = next(f for f in FUSED if f.name == "t5")
+    model = family.model("sdpa")
+    fmodel = clouseau.instrument(model, select=["decoder.blocks.*.cross_attn.pattern"], path=None)
+    with torch.no_grad():
+        out = fmodel.generate(family.inputs()["input_ids"], max_new_tokens=2, do_sample=False)
+        plain = model.generate(family.inputs()["input_ids"], max_new_tokens=2, do_sample=False)
+    assert torch.equal(out, plain)
+    cap = fmodel.captured
+    name = "decoder.blocks.1.cross_attn.pattern"
+    steps = [c for c in cap.calls if cap.get(name, call=c) is not None]
+    assert len(steps) == 2  # one per decoder step; the encoder's own run has no decoder
+    for call in steps:
+        pattern = cap.get(name, call=call)
+        assert pattern.shape[-1] == family.inputs()["input_ids"].shape[-1]
+        assert abs(pattern.sum(-1) - 1).max() < 1e-5
