@@ -56,11 +56,12 @@ class Attention:
 
 
 def kernels(graph: Graph, index: GraphIndex) -> list[Node]:
-    # Over [batch, head, query, key] (a graph without shapes yet has none).
+    # Over [batch, head, query, key] (jax.nn.dot_product_attention: with a group axis);
+    # a graph without shapes yet has none.
     return [
         node
         for node in graph.nodes
-        if node.op in KERNEL_OPS | SOFTMAX_OPS and len(index.shape(Ref(node.name)) or ()) == 4
+        if node.op in KERNEL_OPS | SOFTMAX_OPS and len(index.shape(Ref(node.name)) or ()) in (4, 5)
     ]
 
 
@@ -68,7 +69,7 @@ def kernel_in(index: GraphIndex, ref: Ref, stop: set[Ref], names: set[str]) -> N
     kernels = [
         n
         for n in cone(index, ref, stop, names)
-        if n.op in KERNEL_OPS | SOFTMAX_OPS and len(index.shape(Ref(n.name)) or ()) == 4
+        if n.op in KERNEL_OPS | SOFTMAX_OPS and len(index.shape(Ref(n.name)) or ()) in (4, 5)
     ]
     return kernels[-1] if kernels else None
 
@@ -148,7 +149,7 @@ def _four_d(index: GraphIndex, ref: Ref) -> Ref:
 def _head_view(index: GraphIndex, ref: Ref, d_head: int) -> Ref | None:
     """The ``[batch, pos, head, d_head]`` value a kernel input is a layout of, if any."""
     shape = index.shape(ref)
-    if shape is None or len(shape) not in (3, 4):
+    if shape is None or len(shape) not in (3, 4, 5):
         return None
     cur = ref
     for _ in range(16):

@@ -26,10 +26,10 @@ KERNEL_OPS = frozenset({"scaled_dot_product_attention"})
 SOFTMAX_OPS = frozenset({"softmax", "_softmax", "softmax_"})
 
 
-MATMUL_OPS = frozenset({"matmul", "bmm", "baddbmm", "einsum"})
+MATMUL_OPS = frozenset({"matmul", "bmm", "baddbmm", "einsum", "dot_general"})
 
 
-LINEAR_OPS = frozenset({"linear", "addmm", "matmul", "mm", "conv1d"})
+LINEAR_OPS = frozenset({"linear", "addmm", "matmul", "mm", "conv1d", "dot_general"})
 
 
 ACT_OPS = frozenset(
