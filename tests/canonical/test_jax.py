@@ -17,20 +17,20 @@ from bench.models_jax import Block, LayerNorm, Linear  # noqa: E402
 class GPT(eqx.Module):
     """Token embedding, two pre-norm GPT-2 blocks, a final norm and an unembedding."""
 
-    embed: jax.Array
+    wte: jax.Array
     blocks: list
     ln_f: LayerNorm
     head: Linear
 
     def __init__(self, key: jax.Array) -> None:
         keys = jax.random.split(key, 4)
-        self.embed = jax.random.normal(keys[0], (64, 32))
+        self.wte = jax.random.normal(keys[0], (64, 32))
         self.blocks = [Block(32, 4, k) for k in keys[1:3]]
         self.ln_f = LayerNorm(32)
         self.head = Linear(32, 64, keys[3])
 
     def __call__(self, ids: jax.Array) -> jax.Array:
-        x = self.embed[ids]
+        x = self.wte[ids]
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
@@ -38,7 +38,7 @@ class GPT(eqx.Module):
 
 def _by_hand(model: GPT, ids: jax.Array) -> dict[str, np.ndarray]:
     found = {}
-    x = model.embed[ids]
+    found["embed"] = x = model.wte[ids]
     for i, block in enumerate(model.blocks):
         found[f"blocks.{i}.resid_pre"] = x
         h = block.ln_1(x)
