@@ -129,6 +129,8 @@ class Program:
             inputs=tuple(inputs),
             outputs=(spec,),
             module=module,
+            # Computing it costs work: a bare "*" does not select it (selection.NAMED).
+            attrs=(("point", "named"),),
             subgraphs=(program,),
         )
 
