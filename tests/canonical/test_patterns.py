@@ -59,7 +59,7 @@ def test_pattern_beside_sdpa_equals_eager_weights(family: Family) -> None:
 )
 def test_heads_last_layouts_are_the_kernels_values(family: Family) -> None:
     model = family.model("sdpa")
-    fmodel = clouseau.instrument(model, select=["blocks.0.attn.*"], path=None)
+    fmodel = clouseau.instrument(model, select=[f"blocks.0.attn.{x}" for x in ATTN], path=None)
     with torch.no_grad():
         fmodel(**family.inputs())
     cap = fmodel.captured
