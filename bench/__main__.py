@@ -35,6 +35,7 @@ COMPARISONS: dict[str, tuple[str, str, str]] = {
     "torch-gpt": ("bench.bench_torch", "compare_model", "gpt"),
     "torch-overhead": ("bench.bench_overhead", "per_call_overhead", ""),
     "torch-workloads": ("bench.bench_workloads", "real_workloads", ""),
+    "torch-canonical": ("bench.bench_canonical", "canonical_costs", ""),
     "torchlens-mlp": ("bench.bench_torch", "compare_torchlens", "mlp"),
     "torchlens-cnn": ("bench.bench_torch", "compare_torchlens", "cnn"),
     "jax-mlp": ("bench.bench_jax", "compare_model", "mlp"),

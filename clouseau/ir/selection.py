@@ -20,6 +20,10 @@ from clouseau.ir.graph import Graph, Node, NodeKind, Point, Ref
 
 Predicate = Callable[[Point], bool]
 
+#: The ``point`` attr of a node that only a glob with a literal last component selects
+#: (``"blocks.*.attn.pattern"``, ``"pattern"``; not ``"*"`` nor ``"blocks.0.attn.*"``).
+NAMED = "named"
+
 
 @dataclass(frozen=True)
 class Selector:
@@ -83,6 +87,8 @@ SelectLike = str | Sequence[str] | Callable[[Point], bool] | Selector | None
 def glob_matches(pattern: str, point: Point) -> bool:
     if point.exact_only:  # state and non-tensor values: named, never swept up by a glob
         return pattern == point.name
+    if point.node.attr("point") == NAMED and any(c in pattern.rsplit(".", 1)[-1] for c in "*?["):
+        return False  # a computed point costs work: only a glob naming its leaf selects it
     if "." in pattern:
         return fnmatch.fnmatchcase(point.name, pattern)
     last = point.name.rsplit(".", 1)[-1]

@@ -36,6 +36,7 @@ from clouseau.capture.jax.keys import (
     input_key,
 )
 from clouseau.capture.jax.naming import Namer, clean, join
+from clouseau.ir.canonical_names import add_canonical_names
 from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import (
     VARIES,
@@ -109,7 +110,8 @@ def build_graph(traced: Traced) -> Graph:
         modules=modules,
         meta=(("jax_version", __import__("jax").__version__),),
     )
-    return verify(graph)
+    # Canonical names (blocks.0.resid_post, ...) as aliases; no computed points here yet.
+    return verify(add_canonical_names(graph))
 
 
 def _total_params(traced: Traced) -> int:

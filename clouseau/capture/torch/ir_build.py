@@ -21,15 +21,17 @@ from clouseau.capture._common import (
 )
 from clouseau.capture.torch._quiet import quiet_export
 from clouseau.capture.torch._sync import TRACE_LOCK
+from clouseau.capture.torch.computed import kernel_attrs
 from clouseau.capture.torch.export_trace import trace_export
 from clouseau.capture.torch.flop_ops import category
 from clouseau.capture.torch.fx_trace import trace_fx
 from clouseau.capture.torch.live import PROVISIONAL, LivePlan
-from clouseau.capture.torch.naming import source_from_exception, source_from_stack
+from clouseau.capture.torch.naming import source_from_exception, source_from_stack, spec_of
 from clouseau.capture.torch.probe import FirstRun, Probe, probe, probe_call
 from clouseau.capture.torch.symbolic import Symbols, export_symbols, fx_symbols
 from clouseau.capture.torch.traced import NodeInfo, Traced
-from clouseau.ir.errors import TraceError
+from clouseau.ir.canonical_names import add_canonical_names
+from clouseau.ir.errors import SelectionError, TraceError
 from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import (
     AttrValue,
@@ -183,10 +185,28 @@ def _live_probe(
 ) -> tuple[Probe, FirstRun]:
     plan = None
     if changes is not None:
-        # Names and point kinds do not depend on shapes: any spec picks the same values.
-        provisional = Probe({name: PROVISIONAL for name in traced.infos}, frozenset(), frozenset())
-        plan = changes(build_graph(model, traced, provisional))
+        # Names and point kinds do not depend on shapes, but canonical names do: the specs
+        # torch.export recorded where there are some.
+        nodes = {n.name: n for n in traced.gm.graph.nodes}
+        specs = {name: _traced_spec(nodes.get(name)) for name in traced.infos}
+        provisional = Probe(specs, frozenset(), frozenset())
+        try:
+            plan = changes(build_graph(model, traced, provisional))
+        except SelectionError:
+            # A name the graph has only once its shapes are known (a canonical name of an
+            # fx-traced model): probe on copies first; the call then runs instrumented.
+            return _probe(traced, model, args, kwargs)
     return probe_call(traced.gm, model, traced.to_inputs(args, kwargs), plan)
+
+
+def _traced_spec(node: fx.Node | None) -> Spec:
+    value = node.meta.get("val") if node is not None else None
+    if value is None:
+        return PROVISIONAL
+    try:
+        return spec_of(value)
+    except Exception:  # a symbolic size: no shape yet
+        return PROVISIONAL
 
 
 def build_graph(
@@ -227,7 +247,8 @@ def build_graph(
                 aliases=tuple((0, a) for a in info.aliases),
                 attrs=_module_attrs(model, fx_node)
                 + _point_kind(info, inputs, static, fx_node.name in facts.plain)
-                + category_attr(category(info.op)),
+                + category_attr(category(info.op))
+                + kernel_attrs(fx_node, info.op),
             )
         )  # fmt: skip
         by_fx[fx_node.name] = info.name
@@ -238,7 +259,8 @@ def build_graph(
         modules=_modules(model),
         meta=(("training", model.training), *traced.meta),
     )
-    return verify(graph)
+    # Canonical names (blocks.0.resid_post, ...) are aliases inferred from the graph.
+    return verify(add_canonical_names(graph, computed=True))
 
 
 def _with_symbols(spec: Spec | None, symbols: Symbols | None) -> Spec:

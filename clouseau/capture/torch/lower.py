@@ -21,9 +21,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from clouseau.capture.torch.computed import run_computed
+from clouseau.capture.torch.computed_points import check_not_intervened, lower_computed_points
 from clouseau.capture.torch.intervene import applier, grad_tap
 from clouseau.capture.torch.ir_build import TracedModel, trace_model
 from clouseau.capture.torch.live import live_plan
+from clouseau.capture.torch.probe import FirstRun
 from clouseau.ir.actions import Action
 from clouseau.ir.graph import Graph, Node, NodeKind
 from clouseau.ir.interventions import Grads, Rewritten, rewrite
@@ -46,6 +49,7 @@ class SaveTarget:
     host_copy: bool
     key: str = ""  # the producer's fx node name
     changed: bool = False  # the value an intervention returned, not the producer's
+    computed: str = ""  # a computed point: the fx node of its value in the lowered module
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,6 +89,15 @@ class Lowered:
         """The model's outputs from what :attr:`module` returned (saves dropped)."""
         out = raw[0] if self.saves else raw
         return self.traced.traced.from_outputs(out)
+
+    def first_values(self, first: FirstRun) -> tuple[Any, ...]:
+        """Every saved value of the first, probed call (computed points computed now)."""
+        names = {t.computed for t in self.targets if t.computed}
+        computed = run_computed(self.module, first.values, names) if names else {}
+        return tuple(
+            computed[t.computed] if t.computed else first.value(t.key, changed=t.changed)
+            for t in self.targets
+        )
 
 
 def lower(
@@ -129,6 +142,8 @@ def lower_traced(
         traced.graph, select=select, intervene=intervene, grads=grads, strict=strict
     )
     graph = rewritten.graph
+    check_not_intervened(graph)
+    module, computed = _rewrite(traced, rewritten)
     targets = tuple(
         SaveTarget(
             save.names,
@@ -136,10 +151,11 @@ def lower_traced(
             _needs_host_copy(graph, traced, save),
             graph.node(producer_of(graph, save.inputs[0]).node).key,
             graph.node(save.inputs[0].node).kind is NodeKind.INTERVENE,
+            computed.get(save.inputs[0].node, ""),
         )
         for save in graph.saves
     )
-    return Lowered(_rewrite(traced, rewritten), graph, graph.saves, traced, targets)
+    return Lowered(module, graph, graph.saves, traced, targets)
 
 
 def _needs_host_copy(graph: Graph, traced: TracedModel, save: Node) -> bool:
@@ -150,17 +166,19 @@ def _needs_host_copy(graph: Graph, traced: TracedModel, save: Node) -> bool:
     return key in traced.probe.escapes and key not in traced.probe.mutated_later
 
 
-def _rewrite(traced: TracedModel, rewritten: Rewritten) -> fx.GraphModule:
+def _rewrite(traced: TracedModel, rewritten: Rewritten) -> tuple[fx.GraphModule, dict[str, str]]:
+    """The lowered module, and the fx node name of each computed point it computes."""
     graph = rewritten.graph
     base = traced.traced.gm
     if not (graph.saves or graph.interventions or graph.grad_saves):
-        return base  # nothing selected: the plain traced graph, no overhead
+        return base, {}  # nothing selected: the plain traced graph, no overhead
     fx_graph = fx.Graph()
     copies: dict[fx.Node, fx.Node] = {}
     outputs = fx_graph.graph_copy(base.graph, copies)
     fx_nodes = {old.name: new for old, new in copies.items()}
     # The fx node of every IR value: the traced nodes, then the intervene nodes added here.
     values = {node.name: fx_nodes[node.key] for node in graph.nodes if node.key in fx_nodes}
+    computed = lower_computed_points(graph, fx_graph, values, fx_nodes)
     replaced: dict[fx.Node, fx.Node] = {}
     for node in graph.interventions:
         source = values[node.inputs[0].node]
@@ -189,7 +207,8 @@ def _rewrite(traced: TracedModel, rewritten: Rewritten) -> fx.GraphModule:
         saved.append(value)
     outputs = fx.node.map_arg(outputs, lambda n: replaced.get(n, n))
     fx_graph.output((outputs, tuple(saved)) if graph.saves else outputs)
-    return fx.GraphModule(base, fx_graph, class_name=type(base).__name__)
+    module = fx.GraphModule(base, fx_graph, class_name=type(base).__name__)
+    return module, {name: node.name for name, node in computed.items()}
 
 
 def _anchor(node: fx.Node) -> fx.Node:

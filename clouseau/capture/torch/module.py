@@ -326,7 +326,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         with SinkCall(self._sink) as call:
             if first.grads is not None:  # backward runs later: its taps put into this call
                 first.grads.emit = partial(self._put_grad, call, entry.graph_id)
-            values = tuple(first.value(t.key, changed=t.changed) for t in entry.targets)
+            values = entry.lowered.first_values(first)
             self._sink.put(call, entry.graph_id, saved_values(entry.targets, values, first=True))
         return outputs
 

@@ -1,0 +1,85 @@
+"""Computed attention points: q, k, v, z in ``[batch, pos, head, d_head]``, and the scores
+and pattern of a fused kernel, computed beside it from its own inputs and options.
+
+A fused kernel's node carries its options as attrs (set by the frontend that traced it):
+``scale`` (None: ``1/sqrt(d_head)``), ``is_causal``, ``mask`` (the index of its mask
+among the node's inputs, -1 for none) and ``dropout_p``. The pattern is
+``softmax(q @ k^T * scale + mask)`` with grouped-query key heads repeated, a boolean mask
+or causality filling ``-inf`` (TransformerLens' convention for masked scores) and a float
+mask (ALiBi, relative position biases, sliding windows) added: what the kernel computes
+inside, so it equals the eager attention's weights to rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+from clouseau.ir.canonical_attention import Attention
+from clouseau.ir.computed import Program
+from clouseau.ir.graph import DType, Graph, Node, Ref, TensorSpec
+
+#: The kernel attrs the frontend sets; without them a fused kernel's pattern is unknown.
+KERNEL_ATTRS = ("scale", "is_causal", "mask", "dropout_p")
+
+
+def attention_point(graph: Graph, attention: Attention, what: str, name: str) -> Node | None:
+    """The computed point ``name`` for ``what`` of ``attention`` (None: not computable)."""
+    kernel = graph.node(attention.kernel)
+    if what in ("q", "k", "v", "z"):
+        source = {"q": attention.q, "k": attention.k, "v": attention.v, "z": attention.out}[what]
+        return _heads_last(graph, source, name, kernel.module)
+    if what in ("scores", "pattern") and attention.fused:
+        return _pattern(graph, kernel, attention, name, softmax=what == "pattern")
+    return None
+
+
+def _spec(graph: Graph, ref: Ref) -> TensorSpec | None:
+    spec = graph.node(ref.node).outputs[ref.index]
+    return spec if isinstance(spec, TensorSpec) else None
+
+
+def _heads_last(graph: Graph, source: Ref, name: str, module: str) -> Node | None:
+    spec = _spec(graph, source)
+    if spec is None or len(spec.shape) != 4:
+        return None
+    program = Program((spec,))
+    out = program.transpose(program.input(0), 1, 2)
+    return program.node(name, out, inputs=(source,), module=module)
+
+
+def _pattern(
+    graph: Graph, kernel: Node, attention: Attention, name: str, *, softmax: bool
+) -> Node | None:
+    attrs = dict(kernel.attrs)
+    if any(a not in attrs for a in KERNEL_ATTRS) or attrs["dropout_p"]:
+        return None  # options unknown, or a dropout that no pattern can reproduce
+    q, k = attention.q, attention.k
+    q_spec, k_spec = _spec(graph, q), _spec(graph, k)
+    if q_spec is None or k_spec is None or len(q_spec.shape) != 4 or len(k_spec.shape) != 4:
+        return None
+    inputs = [q, k]
+    mask_at = attrs["mask"] if isinstance(attrs["mask"], int) else -1
+    mask = kernel.inputs[mask_at] if 0 <= mask_at < len(kernel.inputs) else None
+    mask_spec = _spec(graph, mask) if mask is not None else None
+    specs = [q_spec, k_spec] + ([mask_spec] if mask_spec is not None else [])
+    if mask is not None and mask_spec is not None:
+        inputs.append(mask)
+    p = Program(tuple(specs))
+    key = p.input(1)
+    heads, kv_heads = q_spec.shape[1], k_spec.shape[1]
+    if kv_heads != heads:
+        if heads % kv_heads:
+            return None
+        key = p.repeat(key, heads // kv_heads, axis=1)
+    scale = attrs["scale"]
+    factor = float(scale) if scale is not None else 1.0 / math.sqrt(q_spec.shape[-1])
+    scores = p.scale(p.matmul(p.input(0), p.transpose(key, -2, -1)), factor)
+    if attrs["is_causal"]:
+        scores = p.causal_fill(scores, "-inf")
+    if mask_spec is not None:
+        if mask_spec.dtype is DType.BOOL:
+            scores = p.mask_fill(scores, p.input(2), "-inf")
+        else:
+            scores = p.add(scores, p.input(2))
+    out = p.softmax(scores) if softmax else scores
+    return p.node(name, out, inputs=tuple(inputs), module=kernel.module)
