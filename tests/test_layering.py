@@ -87,12 +87,7 @@ LAYERS = (
 # Imports the list forbids that are still in the code, each to be removed by the change
 # named beside it. The coordinator empties this: an entry that no longer occurs fails
 # test_known_layering_offences_still_occur, so that the list never outlives its offence.
-KNOWN_OFFENCES: frozenset[tuple[str, str]] = frozenset({
-    # store/reader.py reads URLs and torchrun parts through clouseau.distributed; the
-    # location layer in store/ (#26, branch loc) takes both over.
-    ("clouseau.store.reader", "clouseau.distributed.remote"),
-    ("clouseau.store.reader", "clouseau.distributed.parts"),
-})  # fmt: skip
+KNOWN_OFFENCES: frozenset[tuple[str, str]] = frozenset()
 
 
 def _module_name(path: Path) -> str:

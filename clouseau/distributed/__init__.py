@@ -17,10 +17,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from clouseau.distributed.merged import PartedCapture
 from clouseau.distributed.parts import (
     Group,
     IncompleteCaptureWarning,
-    PartedCapture,
     PartSink,
     RecordPart,
 )
@@ -28,6 +28,7 @@ from clouseau.store import open_sink as _open_local_sink
 from clouseau.store.directory_sink import DirectorySink
 from clouseau.store.layout import DEFAULT_PATTERN
 from clouseau.store.location import is_url
+from clouseau.store.reader import register_opener
 from clouseau.store.remote import TIMEOUT_S
 
 
@@ -117,3 +118,19 @@ __all__ = [
     "open_sink",
     "record_part",
 ]
+
+
+def _open(path: str | Path, strict: bool) -> PartedCapture | None:
+    # clouseau.load of a URL or of a capture written in parts (torchrun ranks, Ray blocks).
+    if isinstance(path, str) and "://" in path:
+        from clouseau.distributed.remote import load_url  # fsspec only when asked for
+
+        return load_url(path, strict=strict)  # type: ignore[return-value]
+    from clouseau.distributed.part_load import load_parts
+    from clouseau.distributed.parts import is_parted
+
+    path = Path(path)
+    return load_parts(path, strict=strict) if path.is_dir() and is_parted(path) else None
+
+
+register_opener(_open)

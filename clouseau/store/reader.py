@@ -14,7 +14,7 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +37,19 @@ _CALLS = re.compile(r"\[(\d+(?:,\d+)*)?\]")
 
 class DamagedCaptureWarning(UserWarning):
     """``clouseau.load`` skipped damaged files of a capture (listed in ``cap.damaged``)."""
+
+
+# Layouts written beyond one process (torchrun parts, Ray blocks, URLs) are read by the
+# package that writes them, which registers its opener here: the store knows no engine.
+# An opener returns None for a path that is not of its layout.
+Opener = Callable[[str | Path, bool], Capture | None]
+_OPENERS: list[Opener] = []
+
+
+def register_opener(opener: Opener) -> None:
+    """Let ``load`` read another layout: ``opener(path, strict)`` returns its capture or None."""
+    if opener not in _OPENERS:
+        _OPENERS.append(opener)
 
 
 def load(path: str | os.PathLike[str], *, strict: bool = False) -> Capture:
@@ -64,16 +77,11 @@ def load(path: str | os.PathLike[str], *, strict: bool = False) -> Capture:
         ``path`` does not exist or is not a capture; with ``strict``, a damaged file (the
         message names each file and what is wrong with it).
     """
-    if isinstance(path, str) and "://" in path:
-        from clouseau.distributed.remote import load_url  # fsspec only when asked for
-
-        return load_url(path, strict=strict)
+    for opener in _OPENERS:
+        found = opener(path, strict)
+        if found is not None:
+            return found
     path = Path(path)
-    if path.is_dir():
-        from clouseau.distributed.parts import is_parted, load_parts
-
-        if is_parted(path):
-            return load_parts(path, strict=strict)
     if path.is_file():
         return _load_file(path)
     if not path.is_dir():
