@@ -18,6 +18,14 @@ def tensor_version(t: torch.Tensor) -> int:
     return t._version
 
 
+def user_forward_hooks(module: torch.nn.Module) -> dict[int, Any]:
+    """``module``'s forward hooks without clouseau's own (:mod:`hooks_tier`), which save
+    nothing while a model is traced and are no user's code to reproduce in a graph."""
+    return {
+        k: h for k, h in module._forward_hooks.items() if not getattr(h, "clouseau_hook", False)
+    }
+
+
 def tree_flatten(tree: Any) -> tuple[list[Any], TreeSpec]:
     """Flatten with torch's pytree registry (the one torch.export used for in/out specs)."""
     return _pytree.tree_flatten(tree)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from clouseau.capture.torch._compat import tree_flatten, tree_unflatten
+from clouseau.capture.torch._compat import tree_flatten, tree_unflatten, user_forward_hooks
 
 
 @torch.library.custom_op("clouseau::module_input", mutates_args=())
@@ -103,7 +103,7 @@ def deferring(model: torch.nn.Module, state: Callable[[], tuple[Any, ...]]) -> I
     own = dict(model._forward_hooks)
     model._forward_hooks.clear()
     for module in model.modules():
-        if module is model or not module._forward_hooks:
+        if module is model or not user_forward_hooks(module):
             continue
         deferred.hooks[module] = dict(module._forward_hooks)
         deferred.with_kwargs[module] = set(module._forward_hooks_with_kwargs)

@@ -12,8 +12,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from clouseau.capture.torch._compat import user_forward_hooks
 from clouseau.capture.torch.export_hooks import hooks_runner, run_hooks
-from clouseau.capture.torch.names import PointNamer, element_paths
+from clouseau.capture.torch.names import PointNamer, element_names, element_paths
 from clouseau.capture.torch.naming import (
     INPLACE_OPERATORS,
     function_op,
@@ -134,7 +135,7 @@ class NamingTracer(fx.Tracer):
         path = self.path_of_module(m)
         leaf = self.is_leaf_module(m, path)
         outer, self._where = self._where, (path, type(m).__name__)
-        hooks = None if leaf or not m._forward_hooks else dict(m._forward_hooks)
+        hooks = None if leaf or not user_forward_hooks(m) else dict(m._forward_hooks)
         try:
             if hooks is not None:  # traced through: the hooks would run once, on proxies
                 m._forward_hooks.clear()
@@ -280,10 +281,12 @@ def module_output_names(name: str, out: Any) -> list[tuple[str, fx.Proxy]]:
     """``(alias, proxy)`` for each traced value a module call returned (see NamingTracer)."""
     if isinstance(out, fx.Proxy):
         return [(name, out)]
-    leaves = [
-        (name + suffix, leaf) for suffix, leaf in element_paths(out) if isinstance(leaf, fx.Proxy)
+    leaves = [(suffix, leaf) for suffix, leaf in element_paths(out) if isinstance(leaf, fx.Proxy)]
+    return [
+        (alias, leaf)
+        for position, (suffix, leaf) in enumerate(leaves)
+        for alias in element_names(name, suffix, position == 0)
     ]
-    return [(name, leaves[0][1]), *leaves] if leaves else []
 
 
 def tensor_params(arguments: dict[str, Any]) -> tuple[str, ...]:

@@ -11,12 +11,12 @@ import torch
 
 from clouseau.capture._common import SinkCall
 from clouseau.capture._session import CaptureSession
+from clouseau.capture.torch import tiers
 from clouseau.capture.torch._compat import (
     register_cache_pytrees,
 )
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.export_hooks import run_hooks
-from clouseau.capture.torch.export_trace import DYNAMIC_EXPORT
 from clouseau.capture.torch.guards import ModuleState
 from clouseau.capture.torch.host import saved_values, to_numpy
 from clouseau.capture.torch.intervene import emitting_grads
@@ -226,12 +226,18 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         return generate(self, *args, **kwargs)
 
     def _hook_capture(self) -> Any:
-        """The hook capture, or None when the selection may pick more than module outputs."""
+        """The hook path's capture, or None when the call takes a traced tier."""
         if self._hooks is None:
-            from clouseau.capture.torch.hooks_tier import hook_capture
+            from clouseau.capture.torch.hooks_tier import ModuleHooks, module_paths_selected
 
+            paths = module_paths_selected(self.model, self._select)
             plain = not self._intervene and not self._grads
-            self._hooks = hook_capture(self.model, self._select, self._sink, plain) or False
+            first = tiers.first_tier(paths is not None, plain)
+            self._hooks = (
+                ModuleHooks(self.model, self._select, self._sink, paths)
+                if first is tiers.Tier.HOOKS and paths
+                else False
+            )
         return self._hooks or None
 
     def __dir__(self) -> list[str]:
@@ -259,6 +265,9 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         if not TRACE_LOCK.enter_shared():  # under torch.compile
             return self._compiled_call(args, kwargs)
         try:
+            hooks = self._hooks
+            if hooks and not (self._forward_hooks or self._forward_pre_hooks):
+                return hooks.run(args, kwargs)  # the hook path, past nn.Module's dispatch
             return super().__call__(*args, **kwargs)
         finally:
             TRACE_LOCK.exit_shared()
@@ -266,7 +275,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         hooks = self._hooks if self._hooks is not None else self._hook_capture()
         if hooks:  # module outputs only: forward hooks, no trace (hooks_tier.py)
-            return hooks.run(self.model, args, kwargs)
+            return hooks.run(args, kwargs)
         out = self._run(args, kwargs)
         # The graph holds the model's forward only, so its own forward hooks run around it;
         # not beside pre-hooks (FSDP2's fully_shard), which a graph cannot run in order.
@@ -382,8 +391,6 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             if entry.accepts is None or entry.accepts(args, kwargs):
                 entry.unverified = True
                 return entry, None
-        # A second shape of a structure asks for an export with dynamic dimensions.
-        token = DYNAMIC_EXPORT.set(bool(entries))
         try:
             lowered = lower(
                 self.model,
@@ -393,50 +400,39 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
                 intervene=self._intervene,
                 grads=self._grads,
                 live=live,
+                export=tiers.export_tier(structure_seen=bool(entries)),
             )
         except UntraceableError as error:
-            if self._grads:
-                raise  # gradients are saved by the static tiers only
+            if tiers.after_untraceable(bool(self._grads)) is None:
+                raise
             from clouseau.capture.torch.dynamo import DynamicTier
 
             tier = DynamicTier(self.model, self._select, self._sink, self._intervene)
-            return self._to_tier(tier, tier.name, error.reasons), None
-        finally:
-            DYNAMIC_EXPORT.reset(token)
+            return self._to_tier(tier, error.reasons), None
         self._traces += 1
         graph_id = self._sink.add_graph(lowered.graph)
         entry = _Entry(self.model, lowered, graph_id, args, kwargs)
         entries.append(entry)
         return entry, lowered.traced.first.take()
 
-    def _to_tier(self, tier: Any, name: str, reasons: tuple[str, ...]) -> _TierEntry:
+    def _to_tier(self, tier: Any, reasons: tuple[str, ...]) -> _TierEntry:
         from clouseau.capture.torch.dynamo import warn_tier
 
-        warn_tier(self.model, name, reasons)
+        warn_tier(self.model, tier.name, reasons)
         self._tier = tier
         self._tier_entry = _TierEntry(self._call_tier)
         return self._tier_entry
 
     def _call_tier(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        from clouseau.capture.torch.dynamo import DynamicTier
+        from clouseau.capture.torch.dynamo import DynamicTier, HookTier
 
         tier = self._tier
         out = tier(args, kwargs)
         if isinstance(tier, DynamicTier):
-            name = type(self.model).__name__
-            if tier.failure is not None:  # this call ran with hooks already
-                self._to_hooks(tier.failure)
-            elif not tier.compiler.root_compiled:
-                # This call saved what Dynamo compiled (nested modules); later calls see
-                # every module through hooks.
-                self._to_hooks(f"TorchDynamo skipped {name}.forward: a graph break inside a loop")
+            after = tiers.after_dynamic_call(dynamo_failed=tier.failure is not None)
+            if after is tiers.Tier.HOOK_FALLBACK:  # this call ran with hooks already
+                self._to_tier(HookTier(self.model, self._select, self._sink), (tier.failure,))
         return out
-
-    def _to_hooks(self, reason: str) -> None:
-        from clouseau.capture.torch.dynamo import HookTier
-
-        hooks = HookTier(self.model, self._select, self._sink)
-        self._to_tier(hooks, hooks.name, (reason,))
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self._lowered.clear()
