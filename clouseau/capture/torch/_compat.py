@@ -26,6 +26,15 @@ def user_forward_hooks(module: torch.nn.Module) -> dict[int, Any]:
     }
 
 
+def example_value(value: Any) -> Any:
+    """A backend's example input as a real value: a symbolic int (a size Dynamo made
+    dynamic) as the int it stands for in this call, without adding a guard."""
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        hint = value.node.hint
+        return hint if hint is not None else value
+    return value
+
+
 def tree_flatten(tree: Any) -> tuple[list[Any], TreeSpec]:
     """Flatten with torch's pytree registry (the one torch.export used for in/out specs)."""
     return _pytree.tree_flatten(tree)

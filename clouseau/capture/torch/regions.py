@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 
 from clouseau.capture._common import SinkCall
-from clouseau.capture.torch._compat import dynamo_frame_module
+from clouseau.capture.torch._compat import dynamo_frame_module, example_value
 from clouseau.capture.torch.host import to_numpy
 from clouseau.capture.torch.ir_build import TracedModel, build_graph
 from clouseau.capture.torch.lower import SaveTarget, lower_traced
@@ -115,7 +115,7 @@ class RegionCompiler:
         with self._lock:
             frame = self._frame()
             traced = self._traced(gm, frame)
-            inputs = tuple(example_inputs)
+            inputs = tuple(map(example_value, example_inputs))
             root = self._root if self._root is not None else torch.nn.Module()
             facts = probe(gm, root, inputs)
             symbols = export_symbols(gm.graph, "example_value")
@@ -136,7 +136,7 @@ class RegionCompiler:
         else:
             # A backend takes a graph with one flat tuple of outputs: saves after outputs.
             flat, count = _flattened(module) if lowered.saves else (module, -1)
-            run = self._compiler(flat, list(inputs))
+            run = self._compiler(flat, list(example_inputs))
             region = _Region(run, graph_id, lowered.targets, bool(lowered.saves), count)
         if not region.saves:
             return region.run
