@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -89,3 +90,60 @@ def test_untraceable_takes_the_dynamic_tier_and_gradients_refuse_it() -> None:
     with pytest.raises(clouseau.TraceError), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fgrads(torch.randn(3, 6, requires_grad=True))
+
+
+def _early_exit_calls(fmodel: clouseau.InstrumentedModule) -> list[bool]:
+    """Run calls that exit early and calls that do not; whether each ran ``second``."""
+    ran = []
+    for scale in (10.0, 0.1, 10.0, 0.1):
+        x = torch.full((2, 6), scale)
+        model = fmodel.model
+        inner = model[0] if isinstance(model, torch.nn.Sequential) else model
+        first = torch.relu(inner.first(x))
+        ran.append(not bool(first.abs().max() > 1.5))
+        with torch.no_grad():
+            fmodel(x)
+    return ran
+
+
+@pytest.mark.parametrize(
+    ("wrap", "select", "tier"),
+    [(False, ["second"], Tier.DYNAMO), (True, ["0.second"], Tier.HOOKS)],
+    ids=["dynamic", "hooks"],
+)
+def test_a_call_that_saves_nothing_warns_once(wrap: bool, select: list[str], tier: Tier) -> None:
+    torch.manual_seed(0)
+    model: torch.nn.Module = dm.EarlyExit()
+    model = torch.nn.Sequential(model) if wrap else model
+    fmodel = clouseau.instrument(model, select=select, path=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ran = _early_exit_calls(fmodel)
+    assert ran == [False, True, False, True]
+    empty = [str(w.message) for w in caught if "saved nothing" in str(w.message)]
+    assert len(empty) == 1  # once per instrumented model, though two calls saved nothing
+    assert repr(select) in empty[0] and f"in the {tier.value} tier" in empty[0]
+    cap = fmodel.captured
+    # A call that saved nothing holds no record: only the calls that ran it are listed.
+    assert cap.calls == tuple(c for c, did in enumerate(ran) if did)
+    assert [cap.get(select[0], call=c) is not None for c in range(4)] == ran
+
+
+def test_a_glob_that_matches_some_calls_points_only_is_no_warning() -> None:
+    torch.manual_seed(0)
+    model = dm.EarlyExit()
+    fmodel = clouseau.instrument(model, select=["first", "second"], path=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ran = _early_exit_calls(fmodel)
+    assert not [w for w in caught if "saved nothing" in str(w.message)]
+    cap = fmodel.captured
+    # Each call holds the points it ran: "first" always, "second" where it did not exit.
+    assert cap.calls == (0, 1, 2, 3)
+    assert all(cap.get("first", call=c) is not None for c in cap.calls)
+    assert [cap.get("second", call=c) is not None for c in cap.calls] == ran
+    x = torch.full((2, 6), 0.1)
+    with torch.no_grad():
+        np.testing.assert_array_equal(
+            cap.get("second", call=1), model.second(torch.relu(model.first(x))).numpy()
+        )

@@ -13,8 +13,6 @@ eagerly is never refused.
 
 from __future__ import annotations
 
-import sys
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,7 +21,6 @@ import torch
 from clouseau.capture._common import SinkCall, first_line
 from clouseau.capture.torch._quiet import quiet_dynamo
 from clouseau.capture.torch.hooks_tier import ModuleHooks, hooked_paths
-from clouseau.capture.torch.naming import is_user_file
 from clouseau.capture.torch.regions import RegionCompiler
 from clouseau.capture.torch.tiers import Tier
 from clouseau.ir.actions import Action
@@ -67,6 +64,11 @@ class DynamicTier:
     def traces(self) -> int:
         return self.compiler.traces + self.hooks.graphs
 
+    @property
+    def saved(self) -> int:
+        """How many values the latest call saved (hooks and regions)."""
+        return self.hooks.saved + self.compiler.saved
+
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Dynamo may fail after the model drew random numbers: the eager rerun draws alike.
         rng = torch.get_rng_state()
@@ -107,26 +109,9 @@ class HookTier:
     def traces(self) -> int:
         return self.hooks.graphs
 
+    @property
+    def saved(self) -> int:
+        return self.hooks.saved
+
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self.hooks.run(args, kwargs)
-
-
-def warn_tier(model: torch.nn.Module, tier: str, reasons: tuple[str, ...]) -> None:
-    """Say which tier ``model`` uses and why the earlier ones failed."""
-    why = "; ".join(reasons)
-    warnings.warn(
-        f"clouseau: {type(model).__name__} uses the {tier} tier ({why}). Calls record the "
-        "branch each call takes; see docs/dynamic.md.",
-        UserWarning,
-        stacklevel=_user_level(),
-    )
-
-
-def _user_level() -> int:
-    """The ``stacklevel`` of the innermost user frame: the warning points at the call."""
-    frame: Any = sys._getframe(2)  # warn_tier's caller: stacklevel 2
-    level = 2
-    while frame is not None and not is_user_file(frame.f_code.co_filename):
-        frame = frame.f_back
-        level += 1
-    return level if frame is not None else 2

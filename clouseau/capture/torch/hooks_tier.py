@@ -212,6 +212,7 @@ class ModuleHooks:
         self._graphs: dict[tuple[_Met, ...], tuple[int, _Saves]] = {}
         self._modules: tuple[ModuleInfo, ...] | None = None
         self.graphs = 0
+        self.saved = 0  # how many values the latest call saved
         # The open call: set only while one runs, in the thread that runs it (the hooks
         # ignore other threads, which may run the model itself meanwhile).
         self._thread: int | None = None
@@ -366,6 +367,7 @@ class ModuleHooks:
         return found
 
     def _put(self, call: int) -> None:
+        self.saved = 0
         if not self._met:
             return
         # Ranks, not sizes: a new length is no new graph (it shows the first call's sizes;
@@ -378,6 +380,7 @@ class ModuleHooks:
                 self._graphs.clear()
             self._graphs[key] = found
         graph_id, saves = found
+        self.saved = len(saves)
         values = self._values
         self._sink.put(call, graph_id, [SavedValue(n, node, values[i][0]) for i, node, n in saves])
 

@@ -195,6 +195,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         self._traces = 0
         self._tier: Any = None  # the dynamic or hook tier, once fx and export failed
         self._hooks: Any = None  # the hook capture; False: the selection needs a trace
+        self._warned_empty = False  # whether a call that saved nothing was reported
         self.register_state_dict_post_hook(_model_keys)
         self.register_load_state_dict_pre_hook(_wrapper_keys)
 
@@ -267,7 +268,10 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         try:
             hooks = self._hooks
             if hooks and not (self._forward_hooks or self._forward_pre_hooks):
-                return hooks.run(args, kwargs)  # the hook path, past nn.Module's dispatch
+                out = hooks.run(args, kwargs)  # the hook path, past nn.Module's dispatch
+                if not hooks.saved:
+                    self._saved_nothing(tiers.Tier.HOOKS)
+                return out
             return super().__call__(*args, **kwargs)
         finally:
             TRACE_LOCK.exit_shared()
@@ -275,7 +279,10 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         hooks = self._hooks if self._hooks is not None else self._hook_capture()
         if hooks:  # module outputs only: forward hooks, no trace (hooks_tier.py)
-            return hooks.run(args, kwargs)
+            out = hooks.run(args, kwargs)
+            if not hooks.saved:
+                self._saved_nothing(tiers.Tier.HOOKS)
+            return out
         out = self._run(args, kwargs)
         # The graph holds the model's forward only, so its own forward hooks run around it;
         # not beside pre-hooks (FSDP2's fully_shard), which a graph cannot run in order.
@@ -416,9 +423,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         return entry, lowered.traced.first.take()
 
     def _to_tier(self, tier: Any, reasons: tuple[str, ...]) -> _TierEntry:
-        from clouseau.capture.torch.dynamo import warn_tier
-
-        warn_tier(self.model, tier.name, reasons)
+        tiers.warn_tier(self.model, tier.name, reasons)
         self._tier = tier
         self._tier_entry = _TierEntry(self._call_tier)
         return self._tier_entry
@@ -428,11 +433,19 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
 
         tier = self._tier
         out = tier(args, kwargs)
+        if not tier.saved:
+            self._saved_nothing(tier.tier)
         if isinstance(tier, DynamicTier):
             after = tiers.after_dynamic_call(dynamo_failed=tier.failure is not None)
             if after is tiers.Tier.HOOK_FALLBACK:  # this call ran with hooks already
                 self._to_tier(HookTier(self.model, self._select, self._sink), (tier.failure,))
         return out
+
+    def _saved_nothing(self, tier: tiers.Tier) -> None:
+        """A call saved nothing: say so once, if the selection picks anything at all."""
+        if not self._warned_empty and tiers.picks(self._select):
+            self._warned_empty = True
+            tiers.warn_empty(self.model, self._select, tier)
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self._lowered.clear()

@@ -27,7 +27,6 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from clouseau.capture._common import SinkCall
 from clouseau.capture.torch._compat import dynamo_frame_module, example_value
 from clouseau.capture.torch.host import to_numpy
 from clouseau.capture.torch.ir_build import TracedModel, build_graph
@@ -99,6 +98,8 @@ class RegionCompiler:
         self._namer = LocalNamer()
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._watched = False  # whether the root of the backend on its own is hooked
+        self._open: set[int] = set()
         self.traces = 0
 
     @contextlib.contextmanager
@@ -106,14 +107,21 @@ class RegionCompiler:
         """Put what regions save in this thread into ``call`` until the block exits."""
         outer = getattr(self._local, "call", None)
         self._local.call = call
+        self._local.saved = 0
         try:
             yield
         finally:
             self._local.call = outer
 
+    @property
+    def saved(self) -> int:
+        """How many values the regions saved into this thread's latest :meth:`call`."""
+        return getattr(self._local, "saved", 0)
+
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         with self._lock:
             frame = self._frame()
+            self._watch_root()
             traced = self._traced(gm, frame)
             inputs = tuple(map(example_value, example_inputs))
             root = self._root if self._root is not None else torch.nn.Module()
@@ -158,11 +166,58 @@ class RegionCompiler:
         ]
         call = getattr(self._local, "call", None)
         if call is not None:
+            self._local.saved += len(values)
             self._sink.put(call, region.graph_id, values)
-        else:  # compiled on its own: each region run is a call
-            with SinkCall(self._sink) as call:
-                self._sink.put(call, region.graph_id, values)
+        else:  # the backend on its own: the call of the compiled model now running
+            self._sink.put(self._user_call(), region.graph_id, values)
         return outputs
+
+    def _user_call(self) -> int:
+        """The call of the compiled model running in this thread, begun if none is: its
+        regions, graph breaks and all, save into one call. The root's hooks end it; the
+        first call, whose root was found while it ran, ends when the next one begins or
+        the capture is read (:meth:`end_open`)."""
+        call = getattr(self._local, "user_call", None)
+        if call is None:
+            call = self._local.user_call = self._sink.begin_call()
+            with self._lock:
+                self._open.add(call)
+        return call
+
+    @torch.compiler.disable
+    def _root_begins(self, module: torch.nn.Module, args: Any) -> None:
+        self._end_user_call()
+
+    @torch.compiler.disable
+    def _root_ends(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        self._end_user_call()
+
+    def _end_user_call(self) -> None:
+        call = getattr(self._local, "user_call", None)
+        self._local.user_call = None
+        if call is not None:
+            with self._lock:
+                self._open.discard(call)
+            self._sink.end_call(call)
+
+    def end_open(self) -> None:
+        """End the calls still open (the first one, whose root hooks came too late)."""
+        with self._lock:
+            calls, self._open = sorted(self._open), set()
+        for call in calls:
+            self._sink.end_call(call)
+        self._local.user_call = None
+
+    def _watch_root(self) -> None:
+        """On the first compile of the backend on its own: hook the compiled model's root,
+        whose calls delimit the capture's calls."""
+        if self._root is not None or self._watched:
+            return
+        root = dynamo_frame_module()
+        if root is not None:
+            self._watched = True
+            root.register_forward_pre_hook(self._root_begins)
+            root.register_forward_hook(self._root_ends)
 
     def _frame(self) -> tuple[str, str]:
         """The path and class of the module whose frame Dynamo compiles, ``("", "")`` for

@@ -26,7 +26,13 @@ breaks traces again from FX. Once a model takes DYNAMO or HOOK_FALLBACK, every c
 from __future__ import annotations
 
 import enum
+import sys
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from clouseau.capture.torch.naming import is_user_file
 
 
 class Tier(enum.Enum):
@@ -119,3 +125,43 @@ def after_dynamic_call(dynamo_failed: bool) -> Tier:
     """The tier of the calls after one in the dynamic tier."""
     fallback = on_failure(Tier.DYNAMO)
     return fallback if dynamo_failed and fallback is not None else Tier.DYNAMO
+
+
+def warn_tier(model: Any, tier: str, reasons: tuple[str, ...]) -> None:
+    """Say which tier ``model`` uses and why the earlier ones failed."""
+    why = "; ".join(reasons)
+    warnings.warn(
+        f"clouseau: {type(model).__name__} uses the {tier} tier ({why}). Calls record the "
+        "branch each call takes; see docs/dynamic.md.",
+        UserWarning,
+        stacklevel=_user_level(),
+    )
+
+
+def _user_level() -> int:
+    """The ``stacklevel`` of the innermost user frame: the warning points at the call."""
+    frame: Any = sys._getframe(2)  # the warning function's caller: stacklevel 2
+    level = 2
+    while frame is not None and not is_user_file(frame.f_code.co_filename):
+        frame = frame.f_back
+        level += 1
+    return level if frame is not None else 2
+
+
+def picks(select: Any) -> bool:
+    """Whether ``select`` is meant to pick something (not None, not an empty list)."""
+    empty = isinstance(select, Sequence) and not isinstance(select, str) and not select
+    return select is not None and not empty
+
+
+def warn_empty(model: Any, select: Any, tier: Tier) -> None:
+    """Say that a call of ``model`` saved nothing although ``select`` picks points (once
+    per instrumented model: the caller keeps the flag)."""
+    warnings.warn(
+        f"clouseau: a call of {type(model).__name__} saved nothing for select={select!r} "
+        f"in the {tier.value} tier: no point it names ran in this call (a branch or an "
+        "early exit not taken, a module not called). Later calls that save nothing say "
+        "nothing more; see docs/dynamic.md.",
+        UserWarning,
+        stacklevel=_user_level(),
+    )
