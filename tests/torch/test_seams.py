@@ -22,7 +22,9 @@ from clouseau.capture.torch.names import element_paths
 from tests.torch import dynamic_models as dm
 
 
-def eager_points(model: torch.nn.Module, *args: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+def eager_points(
+    model: torch.nn.Module, *args: Any, **kwargs: Any
+) -> tuple[Any, dict[str, torch.Tensor]]:
     """The model's eager output and every module call's tensor outputs, by point name:
     the k-th call of a module ``<path>_<k>``, elements ``:<i>``, the first also ``<path>``."""
     found: dict[str, torch.Tensor] = {}
@@ -44,7 +46,7 @@ def eager_points(model: torch.nn.Module, *args: Any) -> tuple[Any, dict[str, tor
     handles = [m.register_forward_hook(hook(p)) for p, m in model.named_modules() if p]
     try:
         with torch.no_grad():
-            out = model(*args)
+            out = model(*args, **kwargs)
     finally:
         for handle in handles:
             handle.remove()
@@ -137,3 +139,52 @@ def test_moe_with_an_eager_expert_loop_saves_every_module_on_every_call(
     # Layer 1's shared expert holds its own values, not layer 0's.
     names = fmodel.captured.names()
     assert any(n.startswith("model.layers.1.mlp") for n in names)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)  # the block's output is its fc's: one value, two names
+
+
+class _Decoder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 8)
+        self.layers = torch.nn.ModuleList(_Block() for _ in range(2))
+        self.norm = torch.nn.LayerNorm(8)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        x = self.emb(input_ids) * attention_mask[..., None]
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+
+def test_record_rows_globs_match_module_outputs_on_the_traced_path(tmp_path: Any) -> None:
+    """``rows=["layers.?"]``: a block's output is its ``fc``'s value (named ``layers.0.fc``
+    first, ``layers.0`` beside); the glob matches a value by any of its names."""
+    torch.manual_seed(0)
+    model = _Decoder().eval()
+    mask = torch.ones(4, 6, dtype=torch.long)
+    mask[1, 4:] = 0
+    ids = torch.randint(1, 20, (4, 6)) * mask
+    data = [{"input_ids": ids[i : i + 2], "attention_mask": mask[i : i + 2]} for i in (0, 2)]
+    cap = clouseau.record(
+        model, data, select=["layers.*", "norm"], path=tmp_path / "acts",
+        rows=["layers.?"], mask="attention_mask", progress=False,
+    )  # fmt: skip
+    assert cap.graph.trace_kind is not clouseau.ir.TraceKind.TORCH_HOOKS  # the traced path
+    for call, start in enumerate((0, 2)):
+        batch = slice(start, start + 2)
+        _, points = eager_points(model, ids[batch], mask[batch])
+        keep = mask[batch].reshape(-1).bool()
+        for layer in ("layers.0", "layers.1"):
+            want = points[layer].reshape(-1, 8)[keep].numpy()  # rows: padding dropped
+            np.testing.assert_array_equal(np.asarray(cap.get(layer, call=call)), want)
+        np.testing.assert_array_equal(  # not in rows=: as the model gives it
+            np.asarray(cap.get("norm", call=call)), points["norm"].numpy()
+        )
