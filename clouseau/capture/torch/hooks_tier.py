@@ -210,6 +210,7 @@ class ModuleHooks:
         # Per sequence of module outputs: its graph id and, per saved value, (index, node,
         # names); computed on the first call of the sequence.
         self._graphs: dict[tuple[_Met, ...], tuple[int, _Saves]] = {}
+        self._last: tuple[list[_Met], tuple[int, _Saves]] | None = None
         self._modules: tuple[ModuleInfo, ...] | None = None
         self.graphs = 0
         self.saved = 0  # how many values the latest call saved
@@ -371,14 +372,21 @@ class ModuleHooks:
         if not self._met:
             return
         # Ranks, not sizes: a new length is no new graph (it shows the first call's sizes;
-        # the files keep each array's own).
-        key = tuple(self._met)
-        found = self._graphs.get(key)
-        if found is None:
-            found = self._graph(self._met)
-            if len(self._graphs) >= 4096:  # unbounded kinds of calls: start over
-                self._graphs.clear()
-            self._graphs[key] = found
+        # the files keep each array's own). Most calls repeat the previous one's sequence:
+        # comparing to it costs less than hashing the sequence.
+        met = self._met
+        last = self._last
+        if last is not None and last[0] == met:
+            found = last[1]
+        else:
+            key = tuple(met)
+            found = self._graphs.get(key)
+            if found is None:
+                found = self._graph(met)
+                if len(self._graphs) >= 4096:  # unbounded kinds of calls: start over
+                    self._graphs.clear()
+                self._graphs[key] = found
+            self._last = (met, found)
         graph_id, saves = found
         self.saved = len(saves)
         values = self._values
