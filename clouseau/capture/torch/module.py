@@ -202,7 +202,8 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     @property
     def traces(self) -> int:
         """How many graphs were traced: one per input structure (and per broken export
-        guard), plus one per region Dynamo compiled in the dynamic tier."""
+        guard), plus, in the dynamic and hook tiers, one per region Dynamo compiled and
+        one per sequence of module outputs the hooks met."""
         return self._traces + (self._tier.traces if self._tier is not None else 0)
 
     def __getattr__(self, name: str) -> Any:
