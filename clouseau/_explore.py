@@ -230,7 +230,7 @@ def diff_table(result: DiffResult) -> Any:
 
 
 def _graph_rich(graph: Graph) -> Any:
-    from clouseau.tables import summary_table
+    from clouseau.ir.tables import summary_table
 
     return summary_table(graph)
 

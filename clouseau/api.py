@@ -8,10 +8,9 @@ from typing import Any
 
 from clouseau._explore import explore as _explore
 from clouseau._explore import install_reprs
-from clouseau.capture import frontend_for
+from clouseau.capture import frontend_for, frontend_named
 from clouseau.distributed import adapt_to_engine, open_sink
 from clouseau.ir.actions import Action
-from clouseau.ir.errors import MissingExtraError
 from clouseau.ir.graph import Graph
 from clouseau.ir.interventions import check_intervene
 from clouseau.ir.selection import SelectLike, check_select
@@ -134,16 +133,12 @@ def backend(
         Pass it as ``backend=``; a context manager whose exit (or ``close()``) flushes the
         capture, with ``captured`` and ``traces``. Each run of a compiled graph is one call.
     """
-    try:
-        from clouseau.capture.torch.backend import Backend
-    except ImportError as error:  # torch missing
-        raise MissingExtraError("torch", "torch") from error
-
+    torch = frontend_named("torch")  # MissingExtraError without torch
     check_select(select)
     intervene = check_intervene(intervene)
     sink = open_sink(path, max_size_mb, filename_pattern)
     try:
-        return Backend(select, sink, compiler=compiler, intervene=intervene)
+        return torch.backend(select, sink, compiler=compiler, intervene=intervene)
     except BaseException:
         sink.close()
         raise

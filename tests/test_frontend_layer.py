@@ -10,7 +10,7 @@ import pytest
 
 import clouseau
 import clouseau.ir.selection as selection
-from clouseau.capture import Frontend, frontend_for
+from clouseau.capture import Frontend, frontend_for, frontend_named
 from clouseau.capture._common import SinkCall, user_frame
 from tests.conftest import RecordingSink
 
@@ -107,3 +107,52 @@ def test_user_frame_is_the_innermost_frame_outside_the_libraries() -> None:
         ours = lambda file: file.endswith("test_frontend_layer.py") or "/clouseau/" in file  # noqa: E731
         here = user_frame(error, ours, or_stack=True)
         assert here is not None and "_pytest" in here.filename
+
+
+def _paths(frontend: Frontend, node: object, path: tuple[str, ...] = ()) -> set[str]:
+    found = {".".join(path)}
+    for name, child in frontend.children(node):
+        found |= _paths(frontend, child, (*path, name))
+    return found
+
+
+def test_a_frontend_is_found_by_its_framework_name() -> None:
+    for name in ("torch", "jax"):
+        assert frontend_named(name) is getattr(clouseau.capture, name).FRONTEND
+    with pytest.raises(ValueError, match="no frontend named 'tf'; one of torch, jax"):
+        frontend_named("tf")
+
+
+def test_children_are_named_as_the_tracer_names_module_paths() -> None:
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), inner)
+    graph = clouseau.trace(model, torch.randn(2, 4))
+    assert _paths(frontend_named("torch"), model) == {m.path for m in graph.modules}
+    eqx = pytest.importorskip("equinox")
+    mlp = eqx.nn.MLP(4, 2, 8, 2, key=jax.random.PRNGKey(0))
+    graph = clouseau.trace(mlp, jax.numpy.ones(4))
+    # The walk also reaches the leaves (weights) that are not modules of the IR.
+    modules = {m.path for m in graph.modules}
+    assert modules == {"", "layers.0", "layers.1", "layers.2"}
+    assert modules <= _paths(frontend_named("jax"), mlp)
+
+
+def test_only_the_torch_frontend_has_a_compile_backend() -> None:
+    sink = RecordingSink()
+    backend = frontend_named("torch").backend("1", sink, compiler="eager", intervene=None)
+    model, x = _torch_model()
+    want = model(x).detach().numpy()
+    with backend:
+        compiled = torch.compile(model, backend=backend)
+        np.testing.assert_array_equal(compiled(x).detach().numpy(), want)
+    assert sink.status == ["end"]
+    np.testing.assert_array_equal(np.asarray(sink.values(0)["1"]), want)
+    with pytest.raises(TypeError, match=r"for a JAX model use clouseau\.instrument"):
+        frontend_named("jax").backend("*", RecordingSink(), compiler="eager", intervene=None)
+
+
+def test_no_distributed_client_outside_a_multi_process_run() -> None:
+    # Two initialized JAX processes are tests/distributed/test_jax_processes.py.
+    assert frontend_named("jax").distributed_client() is None
+    assert frontend_named("torch").distributed_client() is None

@@ -55,6 +55,14 @@ def test_import_works_without_torch_or_jax():
     assert result.stdout.strip() == "ok"
 
 
+def test_import_needs_none_of_the_frameworks_the_architecture_page_names():
+    # docs/architecture.md: torch, jax, onnx, graphviz, pandas, rich are imported lazily.
+    hidden = ("torch", "jax", "onnx", "graphviz", "pandas", "rich")
+    result = _run_hidden("import clouseau; print('ok')", hidden)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
 def test_missing_framework_names_the_extra_to_install():
     result = _run_hidden(
         textwrap.dedent(

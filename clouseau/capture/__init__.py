@@ -2,14 +2,16 @@
 
 Each frontend package (``clouseau.capture.torch``, ``clouseau.capture.jax``) has a
 ``FRONTEND`` object that is a :class:`Frontend`; :func:`frontend_for` picks the one of a
-model. What the frontends share lives in ``_common.py`` and ``_session.py``. Frameworks
-are imported only when a frontend is used.
+model, :func:`frontend_named` the one of a framework. The protocol is the only door into a
+frontend: no module outside ``clouseau.capture.<framework>`` imports its submodules
+(``tests/test_layering.py``). What the frontends share lives in ``_common.py`` and
+``_session.py``. Frameworks are imported only when a frontend is used.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
@@ -53,13 +55,36 @@ class Frontend(Protocol):
         """The traced, rewritten and lowered model, for an exporter of this framework."""
         ...
 
+    def children(self, node: Any) -> Iterator[tuple[str, Any]]:
+        """The direct submodules of ``node``, each with the path segment the IR gives it."""
+        ...
+
+    def backend(
+        self,
+        select: SelectLike,
+        sink: Sink,
+        *,
+        compiler: str | Callable[..., Any],
+        intervene: Mapping[Any, Action] | None,
+    ) -> Any:
+        """A ``torch.compile`` backend saving ``select`` to ``sink`` (TypeError if none)."""
+        ...
+
+    def distributed_client(self) -> Any:
+        """The multi-process key-value client of the framework's own runtime, or None.
+
+        None when the runtime is not initialized, or when the framework's processes are
+        reached through a public API instead (``torch.distributed``).
+        """
+        ...
+
 
 def frontend_for(model: Any, args: tuple[Any, ...] = ()) -> Frontend:
     """The frontend that handles ``model`` (called with ``args``)."""
     if _is_torch(model, args):
-        return _load("torch", "torch").FRONTEND  # type: ignore[no-any-return]
+        return frontend_named("torch")
     if _is_jax(model, args):
-        return _load("jax", "jax").FRONTEND  # type: ignore[no-any-return]
+        return frontend_named("jax")
     if not callable(model):
         raise TypeError(
             f"clouseau cannot trace a {type(model).__name__}: pass a torch.nn.Module, a JAX "
@@ -70,6 +95,24 @@ def frontend_for(model: Any, args: tuple[Any, ...] = ()) -> Frontend:
         "belongs to: pass a torch.nn.Module, or example arguments that are torch tensors or "
         "jax arrays, with the framework installed (pip install 'clouseau[torch]' or 'clouseau[jax]')"
     )
+
+
+def frontend_named(name: str) -> Frontend:
+    """The frontend of the framework ``name`` (``"torch"`` or ``"jax"``).
+
+    Raises
+    ------
+    clouseau.ir.errors.MissingExtraError
+        The framework is not installed (the message names the extra to install).
+    ValueError
+        ``name`` is not a framework clouseau has a frontend for.
+    """
+    if name not in _FRAMEWORKS:
+        raise ValueError(f"no frontend named {name!r}; one of {', '.join(_FRAMEWORKS)}")
+    return _load(name, name).FRONTEND  # type: ignore[no-any-return]
+
+
+_FRAMEWORKS = ("torch", "jax")
 
 
 def _is_torch(model: Any, args: tuple[Any, ...]) -> bool:

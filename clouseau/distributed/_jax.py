@@ -25,11 +25,13 @@ _gathers = itertools.count()  # every process gathers in the same order: the n-t
 def _client() -> Any:
     if "jax" not in sys.modules:
         return None
+    from clouseau.capture import frontend_named
+
     try:
-        from clouseau.capture.jax._compat import distributed_client
+        jax = frontend_named("jax")
     except ImportError:  # JAX without the frontend's extras: no JAX model to capture
         return None
-    return distributed_client()
+    return jax.distributed_client()
 
 
 def jax_group() -> Group | None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clouseau.exporters._compat import tree_leaves
 from clouseau.ir.errors import ClouseauError, MissingExtraError
 from clouseau.ir.graph import Graph, Node, NodeKind
 
@@ -128,7 +129,7 @@ def _export_torch(
     with torch.no_grad():
         raw = lowered.module(*inputs)
     outs = raw[0] if n_saves else raw
-    n_out = len(torch.utils._pytree.tree_leaves(outs))
+    n_out = len(tree_leaves(outs))
     input_names = _input_names(lowered.graph, len(inputs))
     taken = set(points) | set(input_names)
     output_names = [_fresh("output" if n_out == 1 else f"output_{i}", taken) for i in range(n_out)]
@@ -194,7 +195,7 @@ def _flat_module() -> type:
             raw = self.module(*inputs)
             outs, saves = (raw[0], raw[1]) if self.n_saves else (raw, ())
             # A value returned twice (an output that is also saved) must be two ONNX values.
-            leaves = [t.clone() for t in torch.utils._pytree.tree_leaves(outs)]
+            leaves = [t.clone() for t in tree_leaves(outs)]
             return (*leaves, *(saves[i] for i in self.keep))
 
     return Flat

@@ -415,20 +415,19 @@ class Graph:
     def to_pandas(self) -> Any:
         """One row per point: shape, dtype, module, parameters, FLOPs, source (needs pandas).
 
-        See :func:`clouseau.tables.points_frame`.
+        See :func:`clouseau.ir.tables.points_frame`.
         """
-        # The IR holds the records (clouseau.ir.metadata); laying them out in pandas
-        # belongs to the presentation layer above it, imported only when asked for.
-        from clouseau.tables import points_frame
+        # Imported when asked for: ir.tables needs pandas, an optional extra.
+        from clouseau.ir.tables import points_frame
 
         return points_frame(self)
 
     def summary(self, *, file: Any = None) -> None:
         """Print a table of the module tree with shapes, parameters and FLOPs (rich).
 
-        See :func:`clouseau.tables.summary`.
+        See :func:`clouseau.ir.tables.summary`.
         """
-        from clouseau.tables import summary
+        from clouseau.ir.tables import summary
 
         summary(self, file=file)
 

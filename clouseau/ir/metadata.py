@@ -4,7 +4,7 @@ Every node already holds its output specs (shape, dtype), module path and type a
 line; this module adds what is derived from them: the parameter count of the node's
 module (from ``Graph.modules``) and an estimate of its floating-point operations (the
 rules are in :mod:`clouseau.ir.flops`, keyed on the op category each frontend sets). The
-pandas frames and the rich summary built from these records are in :mod:`clouseau.tables`.
+pandas frames and the rich summary built from these records are in :mod:`clouseau.ir.tables`.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def node_metadata(graph: Graph, node: Node) -> NodeMetadata:
 def point_rows(graph: Graph) -> dict[str, dict[str, Any]]:
     """The metadata of every point name (node names and aliases), one plain dict each.
 
-    The rows of :func:`clouseau.tables.points_frame`; keys as its columns.
+    The rows of :func:`clouseau.ir.tables.points_frame`; keys as its columns.
     """
     intervened = {n.inputs[0]: str(n.attr("action")) for n in graph.interventions}
     saved = {name for s in graph.saves for name in s.names}

@@ -436,7 +436,7 @@ class Capture(Mapping[str, np.ndarray]):
 
         Needs pandas (``pip install 'clouseau[pandas]'``).
         """
-        from clouseau.tables import capture_frame
+        from clouseau.ir.tables import capture_frame
 
         return capture_frame(self.records, self.graphs)
 

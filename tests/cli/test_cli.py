@@ -92,7 +92,7 @@ def test_array_stats_over_finite_values() -> None:
 
 
 def test_magnify_describes_an_array_with_the_same_statistics() -> None:
-    from clouseau._inspector_view import describe
+    from clouseau.inspector._view import describe
 
     a = np.array([[1.0, np.nan], [3.0, -np.inf], [2.0, 8.0]], np.float32)
     stats = array_stats(a)

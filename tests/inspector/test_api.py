@@ -12,8 +12,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from clouseau import _inspector_view, inspector
-from clouseau.inspector import capture_directory, is_jax_model, is_torch_model
+from clouseau import inspector
+from clouseau.inspector import _view, capture_directory, is_jax_model, is_torch_model
 
 
 def test_importing_the_inspector_imports_no_framework() -> None:
@@ -111,7 +111,7 @@ def test_a_missing_file_names_the_fix(tmp_path: Path) -> None:
 
 
 def test_unflatten_nests_on_dots_and_keeps_clashing_keys() -> None:
-    tree = _inspector_view.unflatten({"a.b.__call__": 1, "a.__call__": 2, "x": 3, "x.y": 4})
+    tree = _view.unflatten({"a.b.__call__": 1, "a.__call__": 2, "x": 3, "x.y": 4})
     assert tree == {"a": {"b": {"__call__": 1}, "__call__": 2}, "x": {"__value__": 3, "y": 4}}
 
 
@@ -143,7 +143,7 @@ def test_magnify_uses_treescope_in_a_notebook(
 ) -> None:
     treescope = pytest.importorskip("treescope")
     shown: list[Any] = []
-    monkeypatch.setattr(_inspector_view, "in_notebook", lambda: True)
+    monkeypatch.setattr(_view, "in_notebook", lambda: True)
     monkeypatch.setattr(treescope, "display", shown.append)
     inspector.magnify(_capture(tmp_path))
     (tree,) = shown
@@ -155,4 +155,4 @@ def test_magnify_uses_treescope_in_a_notebook(
 
 
 def test_in_notebook_is_false_in_a_terminal() -> None:
-    assert not _inspector_view.in_notebook()
+    assert not _view.in_notebook()

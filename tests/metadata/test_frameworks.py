@@ -8,7 +8,7 @@ import pytest
 
 import clouseau
 from clouseau.ir.flops import node_flops
-from clouseau.tables import capture_frame
+from clouseau.ir.tables import capture_frame
 
 
 def _flops(graph: clouseau.Graph, name: str) -> int | None:

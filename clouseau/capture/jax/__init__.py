@@ -17,16 +17,18 @@ interventions and gradients) and hand the values to the sink through :mod:`.rece
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import equinox as eqx
 import jax
 
+from clouseau.capture.jax._compat import distributed_client
 from clouseau.capture.jax.build import build_graph
 from clouseau.capture.jax.jaxpr_trace import Traced, split, trace_jaxpr
 from clouseau.capture.jax.module import Core, InstrumentedFunction, InstrumentedModule
-from clouseau.capture.jax.naming import ACTIVATIONS, TORCH_KEY_MAP, map_keys
+from clouseau.capture.jax.naming import ACTIVATIONS, TORCH_KEY_MAP, map_keys, path_name
 from clouseau.capture.jax.plan import Plan, make_plan
 from clouseau.ir.graph import Graph
 from clouseau.ir.passes import insert_saves
@@ -161,6 +163,23 @@ class JaxFrontend:
         self, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], select: SelectLike
     ) -> Lowered:
         return lower(model, args, kwargs, select)
+
+    def children(self, node: Any) -> Iterator[tuple[str, Any]]:
+        # Keyed as the tracer spells module paths, so that a path here is the IR's.
+        found = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]
+        for keys, child in found:
+            if child is node:  # a pytree leaf flattens to itself: it has no children
+                return
+            yield path_name(keys), child
+
+    def backend(self, select: SelectLike, sink: Sink, *, compiler: Any, intervene: Any) -> Any:
+        raise TypeError(
+            "clouseau.backend is a torch.compile backend: for a JAX model use "
+            "clouseau.instrument(model, select=...), which also works inside jax.jit"
+        )
+
+    def distributed_client(self) -> Any:
+        return distributed_client()
 
 
 FRONTEND = JaxFrontend()

@@ -8,7 +8,7 @@ flow, ``len``/asserts on shapes, ``**kwargs``, autocast/no_grad regions) falls b
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -128,6 +128,26 @@ class TorchFrontend:
         select: SelectLike,
     ) -> Lowered:
         return lower(model, args, kwargs, select)
+
+    def children(self, node: torch.nn.Module) -> Iterator[tuple[str, Any]]:
+        # A module path is the dotted attribute names of named_modules (docs/names.md).
+        yield from node.named_children()
+
+    def backend(
+        self,
+        select: SelectLike,
+        sink: Sink,
+        *,
+        compiler: str | Callable[..., Any],
+        intervene: Mapping[Any, Any] | None,
+    ) -> Any:
+        from clouseau.capture.torch.backend import Backend
+
+        return Backend(select, sink, compiler=compiler, intervene=intervene)
+
+    def distributed_client(self) -> None:
+        # torch.distributed is public API: clouseau.distributed reads it directly.
+        return None
 
 
 FRONTEND = TorchFrontend()

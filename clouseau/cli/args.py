@@ -1,4 +1,4 @@
-"""Strict argument types of the ``clouseau`` command.
+"""Strict argument types and exit statuses of the ``clouseau`` command.
 
 Every value is checked while the command line is parsed, so a malformed argument ends the
 command with exit status 2 and one line on stderr (``clouseau show: error: ...``), before
@@ -8,6 +8,7 @@ any work starts and never with a traceback.
 from __future__ import annotations
 
 import argparse
+import enum
 import math
 import re
 import sys
@@ -18,7 +19,16 @@ from typing import NoReturn
 from clouseau.ir.errors import SelectionError
 from clouseau.ir.selection import Selector
 
-EXIT_USAGE = 2
+
+class Exit(enum.IntEnum):
+    """The exit statuses of the ``clouseau`` command."""
+
+    OK = 0
+    DIFFERS = 1  # diff found a difference
+    USAGE = 2  # a user error: a malformed argument, a bad path, not a capture
+    INTERRUPTED = 130  # the shell's status for a command ended by Ctrl-C (128 + SIGINT)
+
+
 # Inputs are allocated in memory: refuse a shape that is a typo for a huge one.
 MAX_INPUT_ELEMENTS = 2**28
 MAX_SEED = 2**32 - 1
@@ -35,7 +45,17 @@ class StrictParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         line = " ".join(message.split())
         sys.stderr.write(f"{self.prog}: error: {line} (see {self.prog} --help)\n")
-        sys.exit(EXIT_USAGE)
+        sys.exit(Exit.USAGE)
+
+
+def add_width(parser: argparse.ArgumentParser) -> None:
+    """Add ``--width N``, the output width (default: the terminal's; unlimited in a pipe)."""
+    parser.add_argument(
+        "--width",
+        type=width,
+        metavar="N",
+        help="wrap output at N columns (default: the terminal's width; unlimited in a pipe)",
+    )
 
 
 def one_line(text: str) -> str:

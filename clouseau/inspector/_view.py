@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from clouseau._inspector_select import legacy_depth, read_sidecar
+from clouseau.inspector._select import legacy_depth, read_sidecar
 from clouseau.store.array_stats import array_stats
 
 SEP = "."

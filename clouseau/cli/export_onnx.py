@@ -12,10 +12,64 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-EXIT_OK = 0
+from clouseau.cli import args as types
+from clouseau.cli.args import Exit
+
+_EXPORT_HELP = """\
+Export a model to ONNX with the selected activations as extra named outputs.
+
+MODEL is a factory spec, MODULE:ATTR, where MODULE is an importable module
+(mypkg.models) or a path to a Python file (models/resnet.py), and ATTR names
+either a model object (a torch.nn.Module or an Equinox module) or a class or
+function that builds one when called with no arguments.
+
+Each --input gives the shape of one positional argument, as comma-separated
+positive sizes with an optional dtype: 2,3,32,32 or 2,16:int64 (float32 by
+default). The dtypes:
+  {dtypes}.
+Example inputs are random (normal for floats, 0..9 for ints) from --seed. The
+directory of -o must exist.
+
+  clouseau export-onnx mypkg.models:make_resnet --input 1,3,224,224 \\
+      --select 'layer*.*.relu_1' -o resnet.onnx
+"""
 
 
-def cmd_export(args: argparse.Namespace, console: Console) -> int:
+def add(sub: Any) -> None:
+    """Register ``export-onnx`` on the subcommand parsers ``sub``."""
+    ex = sub.add_parser("export-onnx", help="export a model to ONNX with activations as outputs",
+                        description=_EXPORT_HELP.format(dtypes=", ".join(types.DTYPES)), formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ex.add_argument(
+        "model", type=types.model_spec, metavar="MODEL", help="MODULE:ATTR factory spec (see above)"
+    )
+    ex.add_argument(
+        "--input",
+        action="append",
+        type=types.input_spec,
+        required=True,
+        metavar="SHAPE[:DTYPE]",
+        help="shape of one input (repeatable)",
+    )
+    ex.add_argument(
+        "-o",
+        "--output",
+        type=types.onnx_output,
+        default="model.onnx",
+        help="the .onnx file (default model.onnx)",
+    )
+    ex.add_argument(
+        "--select",
+        action="append",
+        type=types.glob,
+        metavar="GLOB",
+        help="activations to export as outputs (repeatable)",
+    )
+    ex.add_argument("--seed", type=types.seed, default=0, help="seed of the random example inputs")
+    ex.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    """Run ``clouseau export-onnx``; the exit status."""
     from clouseau.api import export_onnx
 
     model = load_factory(args.model)
@@ -24,7 +78,7 @@ def cmd_export(args: argparse.Namespace, console: Console) -> int:
     console.print(
         f"wrote {escape(str(out.path))}: inputs {', '.join(out.inputs)}; outputs {escape(', '.join(out.outputs))}"
     )
-    return EXIT_OK
+    return Exit.OK
 
 
 def load_factory(spec: str) -> Any:

@@ -34,8 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from clouseau import _inspector_select as _select
-from clouseau import _inspector_view as _view
+from clouseau.inspector import _select, _view
 from clouseau.store.layout import DEFAULT_PATTERN
 
 __all__ = [
@@ -175,11 +174,14 @@ class _Recorder:
         if self._fmodel is not None:
             raise RuntimeError("this recorder is already recording; call inspector.tail(...) again")
         import clouseau
+        from clouseau.capture import frontend_named
 
         if self.framework is FrameworkEnum.torch:
-            children, filter_, is_leaf = _select.torch_children, _is_torch_module, _is_none
+            filter_, is_leaf = _is_torch_module, _is_none
         else:
-            children, filter_, is_leaf = _select.jax_children, _is_callable, _is_jax_array
+            filter_, is_leaf = _is_callable, _is_jax_array
+        # The frontend's own spelling of a child's name: our paths equal the IR's module paths.
+        children = frontend_named(self.framework.value).children
         self.modules = _select.chosen_modules(
             self.model, children, self.filter_ or filter_, self.is_leaf or is_leaf
         )

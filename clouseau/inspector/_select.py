@@ -37,27 +37,6 @@ _OUTPUT = re.compile(r"^(.*):([0-9]+)$")  # "attn:1": output 1 of a multi-output
 _REPEAT = re.compile(r"^(.*)_([0-9]+)$")  # "block_1": the second call in one forward
 
 
-def torch_children(node: Any) -> Iterator[tuple[str, Any]]:
-    """The direct submodules of a ``torch.nn.Module``, as ``named_children`` lists them."""
-    named = getattr(node, "named_children", None)
-    if callable(named):
-        yield from named()
-
-
-def jax_children(node: Any) -> Iterator[tuple[str, Any]]:
-    """The direct pytree children of ``node``, keyed as the JAX frontend spells paths."""
-    import jax
-
-    # The frontend's own spelling of a key, so that our paths equal the IR's module paths.
-    from clouseau.capture.jax.naming import key_name
-
-    found = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]
-    for keys, child in found:
-        if child is node:  # a pytree leaf flattens to itself: it has no children
-            return
-        yield ".".join(key_name(k) for k in keys), child
-
-
 def chosen_modules(
     model: Any, children: Children, filter_: NodeTest, is_leaf: NodeTest
 ) -> tuple[str, ...]:

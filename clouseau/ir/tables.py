@@ -1,8 +1,9 @@
 """Tables of graphs and captures: pandas frames and the rich summary.
 
 The records come from the IR (:func:`clouseau.ir.metadata.point_rows`, the FLOP rules of
-:mod:`clouseau.ir.flops`); this module only lays them out, so the IR imports neither
-pandas nor rich. ``Graph.to_pandas``, ``Graph.summary`` and ``Capture.to_pandas`` call it.
+:mod:`clouseau.ir.flops`); this module only lays them out. pandas and rich are optional
+extras, imported inside the functions that draw with them, so importing the IR imports
+neither. ``Graph.to_pandas``, ``Graph.summary`` and ``Capture.to_pandas`` call it.
 """
 
 from __future__ import annotations
