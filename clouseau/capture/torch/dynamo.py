@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from clouseau.capture._common import SinkCall, first_line
+from clouseau.capture.torch._compat import dynamo_exception
 from clouseau.capture.torch._quiet import quiet_dynamo
 from clouseau.capture.torch.hooks_tier import ModuleHooks, hooked_paths
 from clouseau.capture.torch.regions import RegionCompiler
@@ -90,9 +91,7 @@ class DynamicTier:
 
 def dynamo_failed(error: BaseException) -> bool:
     """Whether ``error`` is Dynamo's own failure (not the model's error)."""
-    from torch._dynamo.exc import TorchDynamoException
-
-    return isinstance(error, TorchDynamoException)
+    return isinstance(error, dynamo_exception())
 
 
 class HookTier:

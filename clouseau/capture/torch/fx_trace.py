@@ -12,7 +12,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from clouseau.capture.torch._compat import user_forward_hooks
+from clouseau.capture.torch._compat import (
+    forward_hooks_of,
+    forward_hooks_with_kwargs,
+    user_forward_hooks,
+)
 from clouseau.capture.torch.export_hooks import hooks_runner, run_hooks
 from clouseau.capture.torch.names import PointNamer, element_names, element_paths
 from clouseau.capture.torch.naming import (
@@ -135,14 +139,14 @@ class NamingTracer(fx.Tracer):
         path = self.path_of_module(m)
         leaf = self.is_leaf_module(m, path)
         outer, self._where = self._where, (path, type(m).__name__)
-        hooks = None if leaf or not user_forward_hooks(m) else dict(m._forward_hooks)
+        hooks = None if leaf or not user_forward_hooks(m) else dict(forward_hooks_of(m))
         try:
             if hooks is not None:  # traced through: the hooks would run once, on proxies
-                m._forward_hooks.clear()
+                forward_hooks_of(m).clear()
             out = super().call_module(m, forward, args, kwargs)
         finally:
             if hooks is not None:
-                m._forward_hooks.update(hooks)
+                forward_hooks_of(m).update(hooks)
         try:
             if hooks is not None:  # named inside the module: <path>.forward_hooks
                 out = self._hooks_node(m, args, kwargs, out)
@@ -166,7 +170,7 @@ class NamingTracer(fx.Tracer):
         # An output that is not one traced value (a tuple), or arguments fx cannot hold:
         # the hooks run now, on the traced values, as torch.fx runs them by itself.
         return run_hooks(
-            module, module._forward_hooks, set(module._forward_hooks_with_kwargs),
+            module, forward_hooks_of(module), set(forward_hooks_with_kwargs(module)),
             args, kwargs, out,
         )  # fmt: skip
 

@@ -211,7 +211,7 @@ class ModuleHooks:
         # names); computed on the first call of the sequence.
         self._graphs: dict[tuple[_Met, ...], tuple[int, _Saves]] = {}
         self._last: tuple[list[_Met], tuple[int, _Saves]] | None = None
-        self._modules: tuple[ModuleInfo, ...] | None = None
+        self._module_infos: tuple[ModuleInfo, ...] | None = None
         self.graphs = 0
         self.saved = 0  # how many values the latest call saved
         # The open call: set only while one runs, in the thread that runs it (the hooks
@@ -429,8 +429,8 @@ class ModuleHooks:
                 )
             )
         nodes.append(Node("output", NodeKind.OUTPUT, "output"))
-        if self._modules is None:
-            self._modules = tuple(
+        if self._module_infos is None:
+            self._module_infos = tuple(
                 ModuleInfo(path, type(m).__name__, sum(p.numel() for p in m.parameters()))
                 for path, m in self._model.named_modules()
             )
@@ -439,7 +439,7 @@ class ModuleHooks:
                 nodes=tuple(nodes),
                 name=type(self._model).__name__,
                 trace_kind=self._trace_kind,
-                modules=self._modules,
+                modules=self._module_infos,
                 meta=(("training", self._model.training), ("tier", "hooks")),
             )
         )

@@ -13,6 +13,9 @@ from clouseau.capture._common import SinkCall
 from clouseau.capture._session import CaptureSession
 from clouseau.capture.torch import tiers
 from clouseau.capture.torch._compat import (
+    forward_hooks_of,
+    forward_hooks_with_kwargs,
+    forward_pre_hooks,
     register_cache_pytrees,
 )
 from clouseau.capture.torch._sync import TRACE_LOCK
@@ -178,7 +181,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         self.model = model
         # The model's own forward hooks (the same dict, hooks added later included): the
         # traced graph is its forward, so they run around it, as model.__call__ runs them.
-        self._root_hooks = model._forward_hooks
+        self._root_hooks = forward_hooks_of(model)
         register_cache_pytrees(model)  # so that the first call's cache is keyed as later ones
         self._sink = sink
         self._select = select
@@ -268,7 +271,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             return self._compiled_call(args, kwargs)
         try:
             hooks = self._hooks
-            if hooks and not (self._forward_hooks or self._forward_pre_hooks):
+            if hooks and not (forward_hooks_of(self) or forward_pre_hooks(self)):
                 out = hooks.run(args, kwargs)  # the hook path, past nn.Module's dispatch
                 if not hooks.saved:
                     self._saved_nothing(tiers.Tier.HOOKS)
@@ -287,9 +290,9 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         out = self._run(args, kwargs)
         # The graph holds the model's forward only, so its own forward hooks run around it;
         # not beside pre-hooks (FSDP2's fully_shard), which a graph cannot run in order.
-        if self._root_hooks and self._tier is None and not self.model._forward_pre_hooks:
+        if self._root_hooks and self._tier is None and not forward_pre_hooks(self.model):
             model = self.model
-            kw = set(model._forward_hooks_with_kwargs)
+            kw = set(forward_hooks_with_kwargs(model))
             return run_hooks(model, self._root_hooks, kw, args, kwargs, out)
         return out
 
