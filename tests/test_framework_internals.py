@@ -36,15 +36,6 @@ COMPAT = frozenset({
 # the coordinator empties this afterwards. An entry that no longer occurs fails
 # test_known_internals_still_occur, so that the list never outlives its use.
 KNOWN_USES: frozenset[tuple[str, str]] = frozenset({
-    ("clouseau.capture.torch.dynamo", "torch._dynamo"),
-    ("clouseau.capture.torch.export_hooks", "<object>._forward_hooks"),
-    ("clouseau.capture.torch.export_hooks", "<object>._forward_hooks_with_kwargs"),
-    ("clouseau.capture.torch.fx_trace", "<object>._forward_hooks"),
-    ("clouseau.capture.torch.fx_trace", "<object>._forward_hooks_with_kwargs"),
-    ("clouseau.capture.torch.hooks_tier", "<object>._version"),
-    ("clouseau.capture.torch.module", "<object>._forward_hooks"),
-    ("clouseau.capture.torch.module", "<object>._forward_hooks_with_kwargs"),
-    ("clouseau.capture.torch.module", "<object>._forward_pre_hooks"),
     ("clouseau.capture.torch.signature", "torch.utils._pytree"),
     ("clouseau.capture.torch.symbolic", "torch.nn.modules.batchnorm._BatchNorm"),
     ("clouseau.capture.torch.symbolic", "torch.nn.modules.dropout._DropoutNd"),

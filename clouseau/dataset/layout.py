@@ -81,8 +81,10 @@ class Layout:
             "fields": [[n, _describe(s)] for n, s in self.fields],
         }
 
-    def is_rows(self, name: str) -> bool:
-        return any(fnmatch.fnmatchcase(name, glob) for glob in self.rows)
+    def is_rows(self, names: tuple[str, ...]) -> bool:
+        """Whether a value is stored as rows: a glob matches any of its names (a module
+        output is often another value's alias on the traced path, ``model.layers.0``)."""
+        return any(fnmatch.fnmatchcase(n, glob) for n in names for glob in self.rows)
 
 
 def _describe(source: FieldSource | None) -> str | None:
@@ -112,9 +114,10 @@ class BatchRows:
         self.mask = None if mask is None else mask.astype(bool)
         self.grid: tuple[int, int] | None = None if mask is None else mask.shape[:2]
 
-    def __call__(self, name: str, array: np.ndarray) -> np.ndarray:
-        if not self.layout.is_rows(name):
+    def __call__(self, names: tuple[str, ...], array: np.ndarray) -> np.ndarray:
+        if not self.layout.is_rows(names):
             return array
+        name = next((n for n in names if self.layout.is_rows((n,))), names[0])
         if array.ndim < 2 or (self.grid is not None and array.shape[:2] != self.grid):
             expected = (
                 f"[{self.grid[0]}, {self.grid[1]}, ...]" if self.grid else "[batch, seq, ...]"

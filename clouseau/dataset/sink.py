@@ -26,7 +26,7 @@ from clouseau.store.safetensors_io import dtype_code, storable, write_file
 
 # Applied to each saved value as it arrives: (name, array) -> the array to store (the rows
 # layout turns a [batch, seq, ...] value into its unmasked rows).
-Shaper = Callable[[str, np.ndarray], np.ndarray]
+Shaper = Callable[[tuple[str, ...], np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ class BatchSink:
                 array = np.asarray(value.array)
                 dtype_code(array.dtype)
                 if self.shaper is not None:
-                    array = self.shaper(value.names[0], array)
+                    array = self.shaper(tuple(value.names), array)
                 self._add(value.names, value.node, call, graph_id, array, value.index, order)
                 order += 1
 

@@ -103,8 +103,9 @@ def test_while_loop_on_a_norm_saves_every_iteration() -> None:
 
 
 def test_top_k_moe_routing() -> None:
-    # The `if mask.any()` inside the loop over experts makes Dynamo skip forward: every
-    # call, the first included, saves every module through hooks.
+    # The `if mask.any()` inside the loop over experts makes Dynamo skip forward: the
+    # hooks save every module output all the same, from the first call on, and the model
+    # stays in the dynamic tier (ops of the frames Dynamo compiles are saved too).
     model = dm.TopKMoE()
     fmodel = clouseau.instrument(model, select="*", path=None)
     for i in range(6):
@@ -113,7 +114,9 @@ def test_top_k_moe_routing() -> None:
         if i == 0:
             with pytest.warns(UserWarning) as caught:
                 assert_same(fmodel(x), expected)
-            assert any("uses the hook tier (TorchDynamo skipped" in str(w.message) for w in caught)
+            messages = [str(w.message) for w in caught]
+            assert any("uses the dynamic (TorchDynamo) tier" in m for m in messages)
+            assert not any("hook tier" in m for m in messages)
         else:
             assert_same(fmodel(x), expected)
         cap = fmodel.captured
@@ -180,23 +183,33 @@ def test_hooks_when_dynamo_fails_too(monkeypatch: pytest.MonkeyPatch) -> None:
 
 class _NoisyMoE(dm.TopKMoE):
     """A random draw, then the expert loop in ``super().forward``: Dynamo compiles this
-    forward and skips the inherited one; the call starts over with hooks and draws alike."""
+    forward and skips the inherited one, whose modules the hooks save."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x + torch.rand_like(x))
 
 
-def test_a_call_that_starts_over_with_hooks_draws_alike() -> None:
+def test_a_root_forward_dynamo_skips_draws_and_saves_as_eager() -> None:
     model = _NoisyMoE()
     fmodel = clouseau.instrument(model, select="*", path=None)
     x = _inputs(1) * 2
     torch.manual_seed(5)
     expected, hooks = eager_with_hooks(model, x)
     torch.manual_seed(5)
-    with pytest.warns(UserWarning, match="hook tier"):
+    with pytest.warns(UserWarning, match=TIER):
         assert_same(fmodel(x), expected)
     for path, outputs in hooks.outputs.items():
         assert_same(fmodel.captured.get(path, call=0), outputs[0])
+    for seed in (6, 7):  # later calls, another shape too
+        x = _inputs(seed) * 2
+        torch.manual_seed(seed)
+        expected, hooks = eager_with_hooks(model, x)
+        torch.manual_seed(seed)
+        assert_same(fmodel(x), expected)
+        call = fmodel.captured.calls[-1]
+        for path, outputs in hooks.outputs.items():
+            assert len(_saved(fmodel.captured, path, call)) == len(outputs), path
+            assert_same(fmodel.captured.get(path, call=call), outputs[0])
 
 
 def test_dynamos_own_warnings_stay_off_stderr(capfd: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,45 @@ def tensor_version(t: torch.Tensor) -> int:
     return t._version
 
 
+def forward_hooks_of(module: torch.nn.Module) -> dict[int, Any]:
+    """``module``'s forward hooks: the live dict ``__call__`` reads (in order)."""
+    return module._forward_hooks
+
+
+def forward_hooks_with_kwargs(module: torch.nn.Module) -> Any:
+    """The ids of ``module``'s forward hooks registered ``with_kwargs=True`` (live)."""
+    return module._forward_hooks_with_kwargs
+
+
+def forward_pre_hooks(module: torch.nn.Module) -> dict[int, Any]:
+    """``module``'s forward pre-hooks (the live dict)."""
+    return module._forward_pre_hooks
+
+
+def dynamo_exception() -> type[BaseException]:
+    """The base class of TorchDynamo's own errors (not the model's)."""
+    from torch._dynamo.exc import TorchDynamoException
+
+    return TorchDynamoException
+
+
+def user_forward_hooks(module: torch.nn.Module) -> dict[int, Any]:
+    """``module``'s forward hooks without clouseau's own (:mod:`hooks_tier`), which save
+    nothing while a model is traced and are no user's code to reproduce in a graph."""
+    return {
+        k: h for k, h in module._forward_hooks.items() if not getattr(h, "clouseau_hook", False)
+    }
+
+
+def example_value(value: Any) -> Any:
+    """A backend's example input as a real value: a symbolic int (a size Dynamo made
+    dynamic) as the int it stands for in this call, without adding a guard."""
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        hint = value.node.hint
+        return hint if hint is not None else value
+    return value
+
+
 def tree_flatten(tree: Any) -> tuple[list[Any], TreeSpec]:
     """Flatten with torch's pytree registry (the one torch.export used for in/out specs)."""
     return _pytree.tree_flatten(tree)

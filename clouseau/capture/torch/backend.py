@@ -4,8 +4,8 @@
 instruments every graph Dynamo hands the backend with the same rewrite pass as
 :func:`clouseau.instrument`, then compiles the instrumented graph with another backend
 (Inductor by default, or ``"aot_eager"``, ``"eager"``), so the compiled model saves what
-the eager one would. Each run of a compiled graph is one call of the capture: a model
-without graph breaks records one call per model call.
+the eager one would. Each call of the compiled model is one call of the capture, the
+runs of all its graphs (graph breaks and all) included.
 """
 
 from __future__ import annotations
@@ -46,6 +46,19 @@ class Backend(CaptureSession):
     @property
     def traces(self) -> int:
         return self._regions.traces
+
+    def flush(self) -> None:
+        self._regions.end_open()
+        super().flush()
+
+    def close(self) -> None:
+        self._regions.end_open()
+        super().close()
+
+    @property
+    def captured(self) -> Any:
+        self._regions.end_open()
+        return super().captured
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         return self._regions(gm, example_inputs)

@@ -24,7 +24,13 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from clouseau.capture.torch._compat import tree_flatten, tree_unflatten
+from clouseau.capture.torch._compat import (
+    forward_hooks_of,
+    forward_hooks_with_kwargs,
+    tree_flatten,
+    tree_unflatten,
+    user_forward_hooks,
+)
 
 
 @torch.library.custom_op("clouseau::module_input", mutates_args=())
@@ -100,15 +106,15 @@ def deferring(model: torch.nn.Module, state: Callable[[], tuple[Any, ...]]) -> I
     deferred = Deferred(state=state())
     handles = []
     # The model's own hooks run around the graph (InstrumentedModule.forward), not in it.
-    own = dict(model._forward_hooks)
-    model._forward_hooks.clear()
+    own = dict(forward_hooks_of(model))
+    forward_hooks_of(model).clear()
     for module in model.modules():
-        if module is model or not module._forward_hooks:
+        if module is model or not user_forward_hooks(module):
             continue
-        deferred.hooks[module] = dict(module._forward_hooks)
-        deferred.with_kwargs[module] = set(module._forward_hooks_with_kwargs)
+        deferred.hooks[module] = dict(forward_hooks_of(module))
+        deferred.with_kwargs[module] = set(forward_hooks_with_kwargs(module))
         deferred.pending[module] = []
-        module._forward_hooks.clear()
+        forward_hooks_of(module).clear()
         handles.append(module.register_forward_pre_hook(_pre(deferred, state), with_kwargs=True))
     try:
         yield deferred
@@ -116,8 +122,8 @@ def deferring(model: torch.nn.Module, state: Callable[[], tuple[Any, ...]]) -> I
         for handle in handles:
             handle.remove()
         for module, hooks in [*deferred.hooks.items(), (model, own)]:
-            module._forward_hooks.clear()
-            module._forward_hooks.update(hooks)
+            forward_hooks_of(module).clear()
+            forward_hooks_of(module).update(hooks)
 
 
 def _pre(deferred: Deferred, state: Callable[[], tuple[Any, ...]]) -> Any:
@@ -185,8 +191,8 @@ def hooks_runner(module: torch.nn.Module) -> Callable[..., Any]:
     """The fx call target running ``module``'s forward hooks on (args, kwargs, output)."""
 
     def forward_hooks(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
-        hooks = module._forward_hooks
-        return run_hooks(module, hooks, set(module._forward_hooks_with_kwargs), args, kwargs, out)
+        hooks = forward_hooks_of(module)
+        return run_hooks(module, hooks, set(forward_hooks_with_kwargs(module)), args, kwargs, out)
 
     forward_hooks.clouseau_hooks = True  # type: ignore[attr-defined]
     return forward_hooks
@@ -206,7 +212,7 @@ def _runner(deferred: Deferred, hooked: HookedCall) -> Callable[..., Any]:
         leaves = [next(values) if leaf is TENSOR else leaf for leaf in hooked.leaves]
         args, kwargs = tree_unflatten(leaves, hooked.spec)
         # The module's hooks as they are now, as an eager call runs them.
-        hooks = module._forward_hooks
-        return run_hooks(module, hooks, set(module._forward_hooks_with_kwargs), args, kwargs, out)
+        hooks = forward_hooks_of(module)
+        return run_hooks(module, hooks, set(forward_hooks_with_kwargs(module)), args, kwargs, out)
 
     return forward_hooks

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import inspect
 from collections import OrderedDict
-from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -30,8 +29,9 @@ from clouseau.capture.torch._compat import (
 )
 from clouseau.capture.torch.caches import CacheAdopter
 from clouseau.capture.torch.export_marks import Mark, Marks, marking, take_marks
-from clouseau.capture.torch.names import PointNamer
+from clouseau.capture.torch.names import PointNamer, element_names
 from clouseau.capture.torch.naming import function_op, source_from_stack_trace, target_name
+from clouseau.capture.torch.tiers import Tier
 from clouseau.capture.torch.traced import (
     NodeInfo,
     Traced,
@@ -49,11 +49,18 @@ _WEIGHTS = {
 }
 
 
-def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
-    """Trace ``model`` with ``torch.export.export(strict=False)`` into a :class:`Traced`."""
+def trace_export(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    tier: Tier = Tier.EXPORT,
+) -> Traced:
+    """Trace ``model`` with ``torch.export.export(strict=False)`` into a :class:`Traced`;
+    ``tier``: :attr:`Tier.EXPORT_DYNAMIC` exports with dynamic dimensions
+    (:func:`clouseau.capture.torch.tiers.export_tier` decides)."""
     kwargs = canonical_kwargs(model, kwargs)
     register_cache_pytrees(model)
-    ep, marks = _export(model, args, kwargs)
+    ep, marks = _export(model, args, kwargs, tier is Tier.EXPORT_DYNAMIC)
     graph = ep.graph_module.graph
     marked = take_marks(ep.graph_module, marks)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -136,23 +143,14 @@ def trace_export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
     )
 
 
-# Whether this export may make dimensions dynamic. The first export of an input structure
-# is static: a dynamic export solves symbolic shapes, which on some models (timm's
-# mobilevitv2: minutes in sympy) costs far more than the trace, and a model called with one
-# shape never needs it. The instrumented module asks for a dynamic export once a second
-# shape of the same structure arrives; that one serves every shape its guards allow.
-DYNAMIC_EXPORT: ContextVar[bool] = ContextVar("clouseau_dynamic_export", default=False)
-
-
 def _export(
-    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic: bool
 ) -> tuple[Any, Marks]:
-    """Export with every tensor dimension free (``Dim.AUTO``) when :data:`DYNAMIC_EXPORT`
-    is set: torch.export keeps dynamic what the model lets vary and specializes the rest,
+    """Export with every tensor dimension free (``Dim.AUTO``) when ``dynamic``: torch.export keeps dynamic what the model lets vary and specializes the rest,
     so one export serves every shape its guards allow. Otherwise, or when the dynamic
     export fails on something else than the model's data-dependent control flow (an input
     structure ``dynamic_shapes`` cannot describe), the export is static, once per shape."""
-    if not DYNAMIC_EXPORT.get():
+    if not dynamic:
         with marking(model) as marks:
             return torch.export.export(model, args, kwargs, strict=False), marks
     try:
@@ -242,11 +240,8 @@ def _infos(
 
 def _mark_names(mark: Mark, calls: list[str], marks: Marks) -> list[str]:
     """The point names of a marked value: ``<path>`` on the first element, ``<path>:<k>``."""
-    name = calls[mark.call]
-    if not mark.suffix:
-        return [name]
-    first = marks.elements[mark.call][0] == mark.suffix
-    return [name, name + mark.suffix] if first else [name + mark.suffix]
+    first = bool(mark.suffix) and marks.elements[mark.call][0] == mark.suffix
+    return list(element_names(calls[mark.call], mark.suffix, first))
 
 
 def _leaf_output(

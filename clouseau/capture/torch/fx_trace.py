@@ -12,8 +12,13 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from clouseau.capture.torch._compat import (
+    forward_hooks_of,
+    forward_hooks_with_kwargs,
+    user_forward_hooks,
+)
 from clouseau.capture.torch.export_hooks import hooks_runner, run_hooks
-from clouseau.capture.torch.names import PointNamer, element_paths
+from clouseau.capture.torch.names import PointNamer, element_names, element_paths
 from clouseau.capture.torch.naming import (
     INPLACE_OPERATORS,
     function_op,
@@ -134,14 +139,14 @@ class NamingTracer(fx.Tracer):
         path = self.path_of_module(m)
         leaf = self.is_leaf_module(m, path)
         outer, self._where = self._where, (path, type(m).__name__)
-        hooks = None if leaf or not m._forward_hooks else dict(m._forward_hooks)
+        hooks = None if leaf or not user_forward_hooks(m) else dict(forward_hooks_of(m))
         try:
             if hooks is not None:  # traced through: the hooks would run once, on proxies
-                m._forward_hooks.clear()
+                forward_hooks_of(m).clear()
             out = super().call_module(m, forward, args, kwargs)
         finally:
             if hooks is not None:
-                m._forward_hooks.update(hooks)
+                forward_hooks_of(m).update(hooks)
         try:
             if hooks is not None:  # named inside the module: <path>.forward_hooks
                 out = self._hooks_node(m, args, kwargs, out)
@@ -165,7 +170,7 @@ class NamingTracer(fx.Tracer):
         # An output that is not one traced value (a tuple), or arguments fx cannot hold:
         # the hooks run now, on the traced values, as torch.fx runs them by itself.
         return run_hooks(
-            module, module._forward_hooks, set(module._forward_hooks_with_kwargs),
+            module, forward_hooks_of(module), set(forward_hooks_with_kwargs(module)),
             args, kwargs, out,
         )  # fmt: skip
 
@@ -280,10 +285,12 @@ def module_output_names(name: str, out: Any) -> list[tuple[str, fx.Proxy]]:
     """``(alias, proxy)`` for each traced value a module call returned (see NamingTracer)."""
     if isinstance(out, fx.Proxy):
         return [(name, out)]
-    leaves = [
-        (name + suffix, leaf) for suffix, leaf in element_paths(out) if isinstance(leaf, fx.Proxy)
+    leaves = [(suffix, leaf) for suffix, leaf in element_paths(out) if isinstance(leaf, fx.Proxy)]
+    return [
+        (alias, leaf)
+        for position, (suffix, leaf) in enumerate(leaves)
+        for alias in element_names(name, suffix, position == 0)
     ]
-    return [(name, leaves[0][1]), *leaves] if leaves else []
 
 
 def tensor_params(arguments: dict[str, Any]) -> tuple[str, ...]:

@@ -1,13 +1,22 @@
-"""Module outputs through forward hooks, with no trace: the fast path of ``generate``.
+"""Module outputs through forward hooks: the one implementation, wherever Python runs a
+module's ``forward``.
 
-When every point a selection can pick is a module's output, the points are known from
-``named_modules()`` without a trace, and forward hooks capture them at the cost of a copy.
-A ``torch.export`` of a decoder costs a second or more, about the whole of a short
-generation, so ``fmodel.generate`` takes this path for such selections. The names are the
+:class:`ModuleHooks` saves module outputs on every path that runs the model's own Python:
+the *hook path* (a selection of module outputs only, no trace: :func:`hook_capture`),
+``fmodel.generate`` on that path, the *dynamic tier* (TorchDynamo regions, where the hooks
+run eagerly between regions, so a frame Dynamo skips or a loop that runs a different
+number of times loses nothing) and the *hook tier* (Dynamo failed). The names are the
 traced tiers' (:mod:`names`): ``<path>`` for a module's first call in a model call,
-``<path>_<k>`` for later ones, ``<path>:<i>`` (or ``:<key>``) for the elements of a tuple,
-list, dict or ``ModelOutput``, the first tensor element also named ``<path>``. Each value
-is copied to the host inside its hook, so a later in-place op cannot change it.
+``<path>_<k>`` for later ones (:class:`~clouseau.capture.torch.names.PointNamer`'s
+counter), ``<path>:<i>`` (or ``:<key>``) for the elements of a tuple, list, dict or
+``ModelOutput``, the first tensor element also named ``<path>``
+(:func:`~clouseau.capture.torch.names.element_names`). Each value is copied to the host
+inside its hook, once, so a later in-place op cannot change it.
+
+Cost: the hooks are registered once per instrumented model, at its first call, and stay
+(a weak reference: they go with the instrumented model); outside one of its calls, in
+another thread, or on a copy of the model, a hook returns at once. A call keeps only its
+own values; the names and the graph of a sequence of module calls are computed once.
 
 The graph a capture stores for these calls is a module-level one (frontend
 ``torch.hooks``): an opaque input, one node per module output met, with its shape. One
@@ -20,16 +29,19 @@ from __future__ import annotations
 import fnmatch
 import re
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from functools import partial
 from typing import Any
 
 import torch
 
+from clouseau.capture.torch._compat import tensor_version
+from clouseau.capture.torch.flop_ops import category
 from clouseau.capture.torch.host import to_numpy
-from clouseau.capture.torch.names import PointNamer, element_paths
+from clouseau.capture.torch.names import PointNamer, element_names, element_paths
 from clouseau.capture.torch.naming import spec_of
+from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref, TraceKind
 from clouseau.ir.passes import insert_saves
 from clouseau.ir.selection import SelectLike, select_points
@@ -77,6 +89,24 @@ def module_paths_selected(model: torch.nn.Module, select: SelectLike) -> tuple[s
     return tuple(found)
 
 
+def hooked_paths(model: torch.nn.Module, select: SelectLike) -> tuple[str, ...] | None:
+    """The module paths whose output some positive glob of ``select`` may name (``<path>``,
+    ``<path>_<k>``, ``<path>:<element>``); None (every module) for a callable or Selector.
+
+    Each hooked module is a graph break in the dynamic tier: the fewer, the larger its
+    regions.
+    """
+    if isinstance(select, str):
+        select = (select,)
+    if not isinstance(select, Sequence) or not all(isinstance(s, str) for s in select):
+        return None
+    bases = [s.split(":", 1)[0] for s in select if not s.startswith("!")]
+    globs = {g for base in bases for g in (base, _REPEAT.sub("", base))}
+    return tuple(
+        p for p, _ in model.named_modules() if p and any(fnmatch.fnmatchcase(p, g) for g in globs)
+    )
+
+
 def _is_op_name(name: str) -> bool:
     import builtins
     import operator
@@ -87,172 +117,298 @@ def _is_op_name(name: str) -> bool:
     return any(hasattr(space, name) or hasattr(space, name + "_") for space in spaces)
 
 
-# One module output met in a call: (raw path, module type, [(suffix, value index,
-# (shape, dtype))]); the values, copied to the host, are listed once per call.
-_Met = tuple[str, str, list[tuple[str, int, Any]]]
+class _Hook:
+    """The forward hook on each hooked module: a weak reference to its :class:`ModuleHooks`.
+
+    A copy of the model (``copy.deepcopy``) shares the hook, whose owner ignores modules
+    it did not hook; a pickled model carries an inert hook, not the capture.
+    """
+
+    __slots__ = ("owner",)
+    clouseau_hook = True  # not a user's hook: the tracers leave it out (_compat.user_forward_hooks)
+
+    def __init__(self, owner: ModuleHooks) -> None:
+        self.owner = weakref.ref(owner)
+
+    def __call__(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        owner = self.owner()
+        if owner is not None and owner._thread == threading.get_ident():
+            owner._record(module, out)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Hook:
+        return self
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return _inert_hook, ()
+
+
+class _EagerHook(_Hook):
+    """A hook TorchDynamo does not trace: a graph break, the hook running on real values."""
+
+    __slots__ = ()
+
+    @torch.compiler.disable
+    def __call__(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        _Hook.__call__(self, module, args, out)
+
+
+def _inert_hook() -> Any:
+    return _no_hook
+
+
+def _no_hook(module: torch.nn.Module, args: Any, out: Any) -> None:
+    return None
+
+
 _DEFERRED = -1  # a first call not begun in the sink yet
+# One module output met in a call: ((path, module type), ((suffix, value index, rank,
+# dtype), ...)); the values, copied to the host, are listed once per call. The sequence
+# of a call's outputs is the key of its graph.
+_Met = tuple[tuple[str, str], tuple[tuple[str, int, int, Any], ...]]
+_Saves = tuple[tuple[int, str, tuple[str, ...]], ...]
 
 
-class HookCapture:
-    """Saves the selected module outputs of every call of ``model``'s roots into ``sink``.
+class ModuleHooks:
+    """Saves the selected module outputs of ``model``'s calls into ``sink``.
 
-    A *root* call (``model`` itself, or a T5 encoder run on its own by ``generate``) that
-    starts while no call is open is one call of the capture.
+    Parameters
+    ----------
+    model, select, sink
+        The model, the selection and where saved values go.
+    paths
+        The module paths to hook; None: every submodule (the dynamic and hook tiers).
+    trace_kind
+        The frontend of the graphs it records: :attr:`TraceKind.TORCH_DYNAMO` when the
+        model runs under TorchDynamo (the dynamic tier), where each hook is a graph break,
+        so that it runs eagerly on the real values whether Dynamo compiles or skips the
+        frame around it.
+
+    A call is opened by :meth:`run` (one call of the model), by a root of
+    :meth:`installed` (``generate``: each forward step is a call), or by the caller
+    (:meth:`within`, the dynamic tier's call).
     """
 
     def __init__(
-        self, model: torch.nn.Module, select: SelectLike, sink: Sink, paths: tuple[str, ...]
+        self,
+        model: torch.nn.Module,
+        select: SelectLike,
+        sink: Sink,
+        paths: tuple[str, ...] | None = None,
+        *,
+        trace_kind: TraceKind = TraceKind.TORCH_HOOKS,
     ) -> None:
         self._model = model
         self._select = select
         self._sink = sink
-        self._paths = paths
-        # Per kind of call: its graph id and, per saved value, (index, node, names).
-        self._graphs: dict[Any, tuple[int, tuple[tuple[int, str, tuple[str, ...]], ...]]] = {}
-        self._names: dict[tuple[str, ...], list[str]] = {}
-        self._met: list[_Met] = []
-        self._values: list[Any] = []
-        self._seen: dict[Any, int] = {}
-        self._call: int | None = None
-        self._begun = False  # whether a call has begun in the sink
-        self._root: torch.nn.Module | None = None
-        # One hooked run at a time; the hooks ignore other threads (which may run the
-        # model itself meanwhile).
-        self._lock = threading.Lock()
+        named = dict(model.named_modules())
+        chosen = paths if paths is not None else tuple(p for p in named if p)
+        self._hooked = tuple(named[p] for p in chosen)
+        self._where = {id(named[p]): (p, type(named[p]).__name__) for p in chosen}
+        self._trace_kind = trace_kind
+        self._hook_type = _EagerHook if trace_kind is TraceKind.TORCH_DYNAMO else _Hook
+        self._installed = False
+        # Per sequence of module outputs: its graph id and, per saved value, (index, node,
+        # names); computed on the first call of the sequence.
+        self._graphs: dict[tuple[_Met, ...], tuple[int, _Saves]] = {}
+        self._last: tuple[list[_Met], tuple[int, _Saves]] | None = None
+        self._module_infos: tuple[ModuleInfo, ...] | None = None
+        self.graphs = 0
+        self.saved = 0  # how many values the latest call saved
+        # The open call: set only while one runs, in the thread that runs it (the hooks
+        # ignore other threads, which may run the model itself meanwhile).
         self._thread: int | None = None
+        self._call: int | None = None
+        self._root: torch.nn.Module | None = None
+        self._begun = False  # whether a call has begun in the sink
+        self._met: list[_Met] = []
+        self._values: list[tuple[Any, torch.Tensor]] = []
+        self._seen: dict[Any, int] = {}
+        self._lock = threading.Lock()
 
-    def run(self, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """One call of ``model``, its selected module outputs saved as one call."""
-        with self.installed((model,)):
-            return model(*args, **kwargs)
+    def _install(self) -> None:
+        if self._installed:
+            return
+        hook = self._hook_type(self)
+        handles = [module.register_forward_hook(hook) for module in self._hooked]
+        self._installed = True
+        weakref.finalize(self, _remove, handles)
+
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One call of the model, its selected module outputs saved as one call."""
+        self._install()
+        with self._lock:
+            self._open(self._model)
+            try:
+                out = self._model(*args, **kwargs)
+            except BaseException as error:
+                self._abort(error)
+                raise
+            self._close()
+        return out
 
     @contextmanager
     def installed(self, roots: Sequence[torch.nn.Module]) -> Iterator[None]:
-        """Hooks on the roots (call boundaries) and the selected modules while it runs."""
+        """Each call of a root (``model``, an encoder ``generate`` runs on its own) that
+        starts while no call is open is one call of the capture, while the block runs."""
+        self._install()
         with self._lock:
+            handles = []
+            for root in roots:
+                handles.append(root.register_forward_pre_hook(self._root_begins))
+                handles.append(root.register_forward_hook(self._root_ends))
             self._thread = threading.get_ident()
             try:
-                with self._hooked(roots):
-                    yield
+                yield
+            except BaseException as error:
+                if self._call is not None:  # the model failed inside a call
+                    self._abort(error)
+                raise
             finally:
                 self._thread = None
+                for handle in handles:
+                    handle.remove()
 
     @contextmanager
-    def _hooked(self, roots: Sequence[torch.nn.Module]) -> Iterator[None]:
-        handles = []
-        modules = dict(self._model.named_modules())
-        for path in self._paths:
-            module = modules[path]
-            handles.append(module.register_forward_hook(partial(self._record, path)))
-        for root in roots:
-            handles.append(root.register_forward_pre_hook(self._begin))
-            handles.append(root.register_forward_hook(self._end))
-        try:
-            yield
-        except BaseException as error:
-            if self._call is not None:  # the model failed inside a call
-                if self._call != _DEFERRED:
-                    self._sink.fail_call(self._call, error)
-                self._call = self._root = None
-            raise
-        finally:
-            for handle in handles:
-                handle.remove()
+    def within(self, call: int) -> Iterator[None]:
+        """Save the module outputs met while the block runs into ``call``, opened and ended
+        by the caller (the dynamic tier, whose regions save into the same call)."""
+        self._install()
+        with self._lock:
+            self._thread, self._call, self._root = threading.get_ident(), call, None
+            self._clear()
+            try:
+                yield
+                self._put(call)
+            finally:
+                self._thread = self._call = None
+                self._clear()
 
-    def _begin(self, module: torch.nn.Module, args: Any) -> None:
+    def discard(self) -> None:
+        """Drop what the open call met so far (the dynamic tier runs the call again)."""
+        self._clear()
+
+    def _root_begins(self, module: torch.nn.Module, args: Any) -> None:
         if self._call is None and threading.get_ident() == self._thread:
-            self._met, self._values, self._seen = [], [], {}
-            self._root = module
-            # The first call begins in the sink (which replaces an earlier capture at its
-            # path) only at its first selected output: a rerun that fails before, on a
-            # wrong input, leaves the earlier capture whole.
-            self._call = self._sink.begin_call() if self._begun else _DEFERRED
+            self._open(module)
+
+    def _root_ends(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        if module is self._root and self._call is not None:
+            thread = self._thread
+            self._close()
+            self._thread = thread  # still installed: the next step is a call
+
+    def _open(self, root: torch.nn.Module) -> None:
+        self._thread, self._root = threading.get_ident(), root
+        self._clear()
+        # The first call begins in the sink (which replaces an earlier capture at its
+        # path) only at its first selected output: a rerun that fails before, on a wrong
+        # input, leaves the earlier capture whole.
+        self._call = self._sink.begin_call() if self._begun else _DEFERRED
 
     def _begin_deferred(self) -> int:
         if self._call == _DEFERRED:
             self._call, self._begun = self._sink.begin_call(), True
         return self._call  # type: ignore[return-value]
 
-    def _record(self, path: str, module: torch.nn.Module, args: Any, out: Any) -> None:
-        if self._call is None or threading.get_ident() != self._thread:
+    def _close(self) -> None:
+        call = self._begin_deferred()
+        try:
+            self._put(call)
+        except BaseException as error:
+            self._sink.fail_call(call, error)
+            raise
+        finally:
+            self._thread = self._call = self._root = None
+            self._clear()
+        self._sink.end_call(call)
+
+    def _abort(self, error: BaseException) -> None:
+        if self._call is not None and self._call != _DEFERRED:
+            self._sink.fail_call(self._call, error)
+        self._thread = self._call = self._root = None
+        self._clear()
+
+    def _clear(self) -> None:
+        self._met, self._values, self._seen = [], [], {}
+
+    def _record(self, module: torch.nn.Module, out: Any) -> None:
+        where = self._where.get(id(module))
+        if where is None or self._call is None:
             return
-        self._begin_deferred()
-        elements = [
-            (s, self._value(v), (v.shape, v.dtype))
-            for s, v in element_paths(out)
-            if isinstance(v, torch.Tensor)
-        ]
-        if elements:
-            self._met.append((path, type(module).__name__, elements))
+        if self._call == _DEFERRED:
+            self._begin_deferred()
+        if isinstance(out, torch.Tensor):
+            elements: tuple[Any, ...] = (("", self._value(out), out.dim(), out.dtype),)
+        else:
+            elements = tuple(
+                (s, self._value(v), v.dim(), v.dtype)
+                for s, v in element_paths(out)
+                if isinstance(v, torch.Tensor)
+            )
+            if not elements:
+                return
+        self._met.append((where, elements))
 
     def _value(self, t: torch.Tensor) -> int:
         """The index of ``t``'s value in this call, copied to the host on first sight.
 
         A tensor two modules return unchanged (a block's output that is its last ReLU's,
         ``nn.Identity``) is one value, saved once with all its names, as in the traced
-        tiers; a later in-place op bumps its version and makes another value.
+        tiers (a view is another value there too); a later in-place op bumps its version
+        and makes another value.
         """
-        ident = (t.data_ptr(), t._version, t.shape, t.stride(), t.dtype, t.device)
+        # The object, not its memory: the call holds it, so its id is not reused.
+        ident = (id(t), tensor_version(t))
         found = self._seen.get(ident)
         if found is None:
-            # Copied now: a later in-place op (ReLU(inplace=True)) must not change it.
             found = self._seen[ident] = len(self._values)
             # The tensor itself too, till the call ends: its memory is not reused by
             # another tensor meanwhile, which would take its identity.
             self._values.append((to_numpy(t), t))
         return found
 
-    def _end(self, module: torch.nn.Module, args: Any, out: Any) -> None:
-        if module is not self._root or self._call is None or threading.get_ident() != self._thread:
+    def _put(self, call: int) -> None:
+        self.saved = 0
+        if not self._met:
             return
-        call, self._call, self._root = self._begin_deferred(), None, None
-        try:
-            graph_id, saves = self._graph(self._met)
-            values = [
-                SavedValue(names, node, self._values[index][0]) for index, node, names in saves
-            ]
-            self._sink.put(call, graph_id, values)
-        except BaseException as error:
-            self._sink.fail_call(call, error)
-            raise
-        finally:
-            self._met, self._values, self._seen = [], [], {}
-        self._sink.end_call(call)
-
-    def _call_names(self, met: list[_Met]) -> list[str]:
-        """The point name of each module call (``<path>``, then ``<path>_<k>``)."""
-        key = tuple(path for path, _, _ in met)
-        found = self._names.get(key)
-        if found is None:
-            if len(self._names) >= 4096:  # unbounded kinds of calls: start over
-                self._names.clear()
-            namer = PointNamer(self._model)
-            found = self._names[key] = [namer.module_output(path) for path in key]
-        return found
-
-    def _graph(self, met: list[_Met]) -> tuple[int, tuple[tuple[int, str, tuple[str, ...]], ...]]:
-        """The graph id of this sequence of outputs; per saved value, its index in the
-        call, its node and its selected names."""
-        names = self._call_names(met)
         # Ranks, not sizes: a new length is no new graph (it shows the first call's sizes;
-        # the files keep each array's own).
-        key = (
-            tuple(names),
-            tuple((s, i, len(shape), dtype) for _, _, els in met for s, i, (shape, dtype) in els),
+        # the files keep each array's own). Most calls repeat the previous one's sequence:
+        # comparing to it costs less than hashing the sequence.
+        met = self._met
+        last = self._last
+        if last is not None and last[0] == met:
+            found = last[1]
+        else:
+            key = tuple(met)
+            found = self._graphs.get(key)
+            if found is None:
+                found = self._graph(met)
+                if len(self._graphs) >= 4096:  # unbounded kinds of calls: start over
+                    self._graphs.clear()
+                self._graphs[key] = found
+            self._last = (met, found)
+        graph_id, saves = found
+        self.saved = len(saves)
+        values = self._values
+        self._sink.put(call, graph_id, [SavedValue(n, node, values[i][0]) for i, node, n in saves])
+
+    def _graph(self, met: list[_Met]) -> tuple[int, _Saves]:
+        """The graph id of a new sequence of module outputs; per saved value, its index in
+        the call, its node and its selected names."""
+        namer = PointNamer(self._model)
+        names = [namer.module_output(path) for (path, _), _ in met]
+        specs = [(t.shape, t.dtype) for _, t in self._values]
+        values = _values(names, met, specs)
+        graph = insert_saves(self._module_graph(values), self._select, strict=False)
+        chosen = {p.name for p in select_points(graph, self._select, strict=False)}
+        saves = tuple(
+            (index, value_names[0], picked)
+            for index, (value_names, _, _, _) in values.items()
+            for picked in [tuple(n for n in value_names if n in chosen)]
+            if picked
         )
-        found = self._graphs.get(key)
-        if found is None:
-            values = _values(names, met)
-            graph = insert_saves(self._module_graph(values), self._select, strict=False)
-            chosen = {p.name for p in select_points(graph, self._select, strict=False)}
-            saves = tuple(
-                (index, value_names[0], picked)
-                for index, (value_names, _, _, _) in values.items()
-                for picked in [tuple(n for n in value_names if n in chosen)]
-                if picked
-            )
-            found = self._graphs[key] = (self._sink.add_graph(graph), saves)
-        return found
+        self.graphs += 1
+        return self._sink.add_graph(graph), saves
 
     def _module_graph(self, values: dict[int, tuple[list[str], str, str, Any]]) -> Graph:
         # The inputs as one opaque value: module outputs are the points of this path.
@@ -269,51 +425,51 @@ class HookCapture:
                     module=namer.path(path),
                     module_type=kind,
                     aliases=tuple((0, n) for n in value_names[1:]),
-                    attrs=(("module_output", True),),
+                    attrs=(("module_output", True), *category_attr(category(kind))),
                 )
             )
         nodes.append(Node("output", NodeKind.OUTPUT, "output"))
-        modules = tuple(
-            ModuleInfo(path, type(m).__name__, sum(p.numel() for p in m.parameters()))
-            for path, m in self._model.named_modules()
-        )
+        if self._module_infos is None:
+            self._module_infos = tuple(
+                ModuleInfo(path, type(m).__name__, sum(p.numel() for p in m.parameters()))
+                for path, m in self._model.named_modules()
+            )
         return verify(
             Graph(
                 nodes=tuple(nodes),
                 name=type(self._model).__name__,
-                trace_kind=TraceKind.TORCH_HOOKS,
-                modules=modules,
+                trace_kind=self._trace_kind,
+                modules=self._module_infos,
                 meta=(("training", self._model.training), ("tier", "hooks")),
             )
         )
 
 
-def _values(names: list[str], met: list[_Met]) -> dict[int, tuple[list[str], str, str, Any]]:
+def _remove(handles: list[Any]) -> None:
+    for handle in handles:
+        handle.remove()
+
+
+def _values(
+    names: list[str], met: list[_Met], specs: list[tuple[Any, Any]]
+) -> dict[int, tuple[list[str], str, str, Any]]:
     """Per value of the call, in order of first sight: every name it has, and the module
-    path, type and (shape, dtype) of its first producer."""
+    path, type and (shape, dtype) of its first producer (``specs``, by value index)."""
     values: dict[int, tuple[list[str], str, str, Any]] = {}
-    for name, (path, kind, els) in zip(names, met, strict=True):
-        for position, (suffix, index, spec) in enumerate(els):
-            value = values.setdefault(index, ([], path, kind, spec))
-            fresh = _element_names(name, suffix, position == 0)
+    for name, ((path, kind), els) in zip(names, met, strict=True):
+        for position, (suffix, index, _, _) in enumerate(els):
+            value = values.setdefault(index, ([], path, kind, specs[index]))
+            fresh = element_names(name, suffix, position == 0)
             value[0].extend(n for n in fresh if n not in value[0])
     return values
 
 
-def _element_names(name: str, suffix: str, first: bool) -> tuple[str, ...]:
-    """As the traced tiers: ``<name>`` and ``<name><suffix>`` for the first tensor
-    element of a call's output, ``<name><suffix>`` for the others."""
-    if not suffix:
-        return (name,)
-    return (name, name + suffix) if first else (name + suffix,)
-
-
 def hook_capture(
     model: torch.nn.Module, select: SelectLike, sink: Sink, plain: bool
-) -> HookCapture | None:
-    """The capture through forward hooks, or None when it cannot serve the call.
+) -> ModuleHooks | None:
+    """The hook path's capture, or None when it cannot serve the call.
 
     ``plain``: no interventions and no gradients, which need the traced graph.
     """
     paths = module_paths_selected(model, select) if plain else None
-    return HookCapture(model, select, sink, paths) if paths else None
+    return ModuleHooks(model, select, sink, paths) if paths else None

@@ -29,6 +29,7 @@ from clouseau.capture.torch.live import PROVISIONAL, LivePlan
 from clouseau.capture.torch.naming import source_from_exception, source_from_stack, spec_of
 from clouseau.capture.torch.probe import FirstRun, Probe, probe, probe_call
 from clouseau.capture.torch.symbolic import Symbols, export_symbols, fx_symbols
+from clouseau.capture.torch.tiers import Tier
 from clouseau.capture.torch.traced import NodeInfo, Traced
 from clouseau.ir.canonical_names import add_canonical_names
 from clouseau.ir.errors import SelectionError, TraceError
@@ -85,8 +86,12 @@ def trace_model(
     *,
     live: bool = False,
     changes: Callable[[Graph], LivePlan] | None = None,
+    export: Tier = Tier.EXPORT,
 ) -> TracedModel:
     """Trace ``model(*args, **kwargs)`` with torch.fx, or torch.export when fx fails.
+
+    ``export``: the export tier fx's failure leads to (:mod:`tiers`: static for the first
+    shape of a structure, dynamic for later ones).
 
     With ``live`` the probe run is the user's call itself (its output and values are in
     ``first``); otherwise it runs on copies and leaves the model, hooks aside, untouched.
@@ -118,7 +123,7 @@ def trace_model(
     )
     # Tracers patch torch.nn.Module process-wide: no lowered graph may run meanwhile.
     with TRACE_LOCK.exclusive():
-        return _trace_model(model, args, kwargs, live, changes)
+        return _trace_model(model, args, kwargs, live, changes, export)
 
 
 def _trace_model(
@@ -126,7 +131,8 @@ def _trace_model(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     live: bool,
-    changes: Callable[[Graph], LivePlan] | None = None,
+    changes: Callable[[Graph], LivePlan] | None,
+    export: Tier,
 ) -> TracedModel:
     fx_infos: Mapping[str, NodeInfo] | None = None
     run = partial(_live_probe, changes) if live else _probe
@@ -137,7 +143,7 @@ def _trace_model(
     except Exception as fx_error:
         try:
             with quiet_export():
-                traced = trace_export(model, args, kwargs)
+                traced = trace_export(model, args, kwargs, export)
             traced = replace(traced, meta=(*traced.meta, ("fx_error", first_line(fx_error))))
             facts, first = run(traced, model, args, kwargs)
         except Exception as export_error:

@@ -27,6 +27,7 @@ from clouseau.capture.torch.intervene import applier, grad_tap
 from clouseau.capture.torch.ir_build import TracedModel, trace_model
 from clouseau.capture.torch.live import live_plan
 from clouseau.capture.torch.probe import FirstRun
+from clouseau.capture.torch.tiers import Tier
 from clouseau.ir.actions import Action
 from clouseau.ir.graph import Graph, Node, NodeKind
 from clouseau.ir.interventions import Grads, Rewritten, rewrite
@@ -109,6 +110,7 @@ def lower(
     intervene: Mapping[Any, Action] | None = None,
     grads: Grads = False,
     live: bool = False,
+    export: Tier = Tier.EXPORT,
 ) -> Lowered:
     """Trace ``model``, rewrite the IR for ``select``, ``intervene`` and ``grads`` (strictly)
     and lower it to a GraphModule.
@@ -121,7 +123,7 @@ def lower(
         if intervene or grads
         else None
     )
-    traced = trace_model(model, args, kwargs, live=live, changes=changes)
+    traced = trace_model(model, args, kwargs, live=live, changes=changes, export=export)
     return lower_traced(traced, select, intervene=intervene, grads=grads)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -11,25 +10,27 @@ import torch
 
 from clouseau.capture._common import SinkCall
 from clouseau.capture._session import CaptureSession
+from clouseau.capture.torch import tiers
 from clouseau.capture.torch._compat import (
+    forward_hooks_of,
+    forward_hooks_with_kwargs,
+    forward_pre_hooks,
     register_cache_pytrees,
 )
 from clouseau.capture.torch._sync import TRACE_LOCK
+from clouseau.capture.torch.entry import Entry
 from clouseau.capture.torch.export_hooks import run_hooks
-from clouseau.capture.torch.export_trace import DYNAMIC_EXPORT
 from clouseau.capture.torch.guards import ModuleState
 from clouseau.capture.torch.host import saved_values, to_numpy
 from clouseau.capture.torch.intervene import emitting_grads
 from clouseau.capture.torch.ir_build import UntraceableError
-from clouseau.capture.torch.lower import Lowered, SaveTarget, lower
+from clouseau.capture.torch.lower import Lowered, lower
 from clouseau.capture.torch.probe import FirstRun
 from clouseau.capture.torch.reuse import keep, lookup, reuse_key
 from clouseau.capture.torch.signature import (
     MAX_SIGNATURES,
     exact_key,
-    storage_of,
     structure_key,
-    tensors_of,
 )
 from clouseau.ir.actions import Action
 from clouseau.ir.errors import TraceError
@@ -40,108 +41,6 @@ from clouseau.ir.sink import SavedValue, Sink
 
 # Runs a function outside Dynamo (a graph break around it) under torch.compile.
 _eager = torch.compiler.disable
-
-
-class _Entry:
-    """What a call of one signature needs, looked up once when it is lowered.
-
-    ``run`` is the GraphModule's ``forward`` itself: its ``__call__`` (fx's error wrapper,
-    nn.Module's hook checks) costs microseconds a call and serves no one, as users hook
-    their own modules, which the graph still calls through their ``__call__``, and this
-    module. ``inputs`` picks the GraphModule's inputs for this call shape (the key of an
-    entry fixes the count of positional arguments and the keyword names).
-    """
-
-    __slots__ = (
-        "accepts",
-        "grads",
-        "graph_id",
-        "inputs",
-        "lowered",
-        "outputs",
-        "plain",
-        "run",
-        "targets",
-        "tier",
-        "unverified",
-    )
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        lowered: Lowered,
-        graph_id: int,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> None:
-        traced = lowered.traced.traced
-        _direct_attributes(lowered.module, model)
-        self.lowered = lowered
-        self.graph_id = graph_id
-        self.run: Callable[..., Any] = lowered.module.forward
-        plan = getattr(traced.to_inputs, "plan", None)
-        self.inputs: Callable[..., tuple[Any, ...]] = (
-            plan(args, kwargs) if plan is not None else traced.to_inputs
-        )
-        self.outputs: Callable[[Any], Any] = lowered.outputs
-        self.targets: tuple[SaveTarget, ...] = lowered.targets
-        self.grads = bool(lowered.graph.grad_saves)
-        # Nothing to save now or at backward: the call is the model's (interventions and
-        # all), with no sink bookkeeping.
-        self.plain = not (self.targets or self.grads)
-        self.accepts = traced.accepts
-        self.tier: Callable[[tuple[Any, ...], dict[str, Any]], Any] | None = None
-        # A new shape of this entry's structure: its first saving call checks that no
-        # saved value handed out without a copy shares memory beyond the call.
-        self.unverified = False
-
-    def verify(self, inputs: tuple[Any, ...], raw: Any, model: torch.nn.Module) -> None:
-        """Copy, from now on, every saved value whose memory this call shows to escape.
-
-        The probe of the traced shape decided which saved values are private to a call
-        (handed to the sink without a copy). A view at one shape may be a copy at another
-        (``reshape``), so a call at a new shape checks the private ones against the
-        inputs, the weights and the outputs: a cheap storage comparison.
-        """
-        self.unverified = False
-        private = [i for i, t in enumerate(self.targets) if not t.host_copy]
-        if not private:
-            return
-        external = {storage_of(t) for t in tensors_of((inputs, raw[0]))}
-        external |= {storage_of(t) for t in (*model.parameters(), *model.buffers())}
-        escaping = {
-            i
-            for i in private
-            if isinstance(raw[1][i], torch.Tensor) and storage_of(raw[1][i]) in external
-        }
-        if escaping:
-            self.targets = tuple(
-                replace(t, host_copy=True) if i in escaping else t
-                for i, t in enumerate(self.targets)
-            )
-
-
-def _direct_attributes(gm: torch.fx.GraphModule, model: torch.nn.Module) -> None:
-    """Let the generated code reach the submodules and weights it reads in one lookup.
-
-    ``self.layer1`` in generated code misses the instance ``__dict__`` (nn.Module keeps
-    children in ``_modules``) and falls back to ``nn.Module.__getattr__``, a Python call:
-    about 2 us per module call, up to 30% of a small-op model's forward, where an eager
-    ``nn.Sequential`` iterates its children directly. Copying each reference into the
-    ``__dict__`` of the GraphModule and of its own intermediate containers (plain
-    ``nn.Module`` instances fx made to hold the paths) makes each step a dict hit. The
-    user's modules are never touched, and ``_modules`` stays the registry.
-    """
-    users = {id(m) for m in model.modules()}
-    for node in gm.graph.nodes:
-        if node.op not in ("call_module", "get_attr"):
-            continue
-        owner: Any = gm
-        for atom in str(node.target).split("."):
-            value = getattr(owner, atom)
-            if owner is gm or (type(owner) is torch.nn.Module and id(owner) not in users):
-                owner.__dict__[atom] = value
-            owner = value
 
 
 class InstrumentedModule(torch.nn.Module, CaptureSession):
@@ -179,7 +78,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         self.model = model
         # The model's own forward hooks (the same dict, hooks added later included): the
         # traced graph is its forward, so they run around it, as model.__call__ runs them.
-        self._root_hooks = model._forward_hooks
+        self._root_hooks = forward_hooks_of(model)
         register_cache_pytrees(model)  # so that the first call's cache is keyed as later ones
         self._sink = sink
         self._select = select
@@ -191,18 +90,20 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         # per call; on a miss, the entries of the call's structure, the first whose
         # guards accept the call.
         self._lowered: dict[Hashable, Any] = {}
-        self._by_structure: dict[Hashable, list[_Entry]] = {}
+        self._by_structure: dict[Hashable, list[Entry]] = {}
         self._state: ModuleState | None = None
         self._traces = 0
         self._tier: Any = None  # the dynamic or hook tier, once fx and export failed
         self._hooks: Any = None  # the hook capture; False: the selection needs a trace
+        self._warned_empty = False  # whether a call that saved nothing was reported
         self.register_state_dict_post_hook(_model_keys)
         self.register_load_state_dict_pre_hook(_wrapper_keys)
 
     @property
     def traces(self) -> int:
         """How many graphs were traced: one per input structure (and per broken export
-        guard), plus one per region Dynamo compiled in the dynamic tier."""
+        guard), plus, in the dynamic and hook tiers, one per region Dynamo compiled and
+        one per sequence of module outputs the hooks met."""
         return self._traces + (self._tier.traces if self._tier is not None else 0)
 
     def __getattr__(self, name: str) -> Any:
@@ -227,12 +128,18 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         return generate(self, *args, **kwargs)
 
     def _hook_capture(self) -> Any:
-        """The hook capture, or None when the selection may pick more than module outputs."""
+        """The hook path's capture, or None when the call takes a traced tier."""
         if self._hooks is None:
-            from clouseau.capture.torch.hooks_tier import hook_capture
+            from clouseau.capture.torch.hooks_tier import ModuleHooks, module_paths_selected
 
+            paths = module_paths_selected(self.model, self._select)
             plain = not self._intervene and not self._grads
-            self._hooks = hook_capture(self.model, self._select, self._sink, plain) or False
+            first = tiers.first_tier(paths is not None, plain)
+            self._hooks = (
+                ModuleHooks(self.model, self._select, self._sink, paths)
+                if first is tiers.Tier.HOOKS and paths
+                else False
+            )
         return self._hooks or None
 
     def __dir__(self) -> list[str]:
@@ -260,6 +167,12 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         if not TRACE_LOCK.enter_shared():  # under torch.compile
             return self._compiled_call(args, kwargs)
         try:
+            hooks = self._hooks
+            if hooks and not (forward_hooks_of(self) or forward_pre_hooks(self)):
+                out = hooks.run(args, kwargs)  # the hook path, past nn.Module's dispatch
+                if not hooks.saved:
+                    self._saved_nothing(tiers.Tier.HOOKS)
+                return out
             return super().__call__(*args, **kwargs)
         finally:
             TRACE_LOCK.exit_shared()
@@ -267,13 +180,16 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         hooks = self._hooks if self._hooks is not None else self._hook_capture()
         if hooks:  # module outputs only: forward hooks, no trace (hooks_tier.py)
-            return hooks.run(self.model, args, kwargs)
+            out = hooks.run(args, kwargs)
+            if not hooks.saved:
+                self._saved_nothing(tiers.Tier.HOOKS)
+            return out
         out = self._run(args, kwargs)
         # The graph holds the model's forward only, so its own forward hooks run around it;
         # not beside pre-hooks (FSDP2's fully_shard), which a graph cannot run in order.
-        if self._root_hooks and self._tier is None and not self.model._forward_pre_hooks:
+        if self._root_hooks and self._tier is None and not forward_pre_hooks(self.model):
             model = self.model
-            kw = set(model._forward_hooks_with_kwargs)
+            kw = set(forward_hooks_with_kwargs(model))
             return run_hooks(model, self._root_hooks, kw, args, kwargs, out)
         return out
 
@@ -301,11 +217,11 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             _eager(self._put_call)(entry, raw[1])
         return entry.outputs(raw)
 
-    def _put_call(self, entry: _Entry, saved: tuple[torch.Tensor, ...]) -> None:
+    def _put_call(self, entry: Entry, saved: tuple[torch.Tensor, ...]) -> None:
         with SinkCall(self._sink) as call:
             self._sink.put(call, entry.graph_id, saved_values(entry.targets, saved))
 
-    def _saving_call(self, entry: _Entry, inputs: tuple[Any, ...]) -> Any:
+    def _saving_call(self, entry: Entry, inputs: tuple[Any, ...]) -> Any:
         with SinkCall(self._sink) as call:
             if entry.grads:
                 # The taps register gradient hooks that put into this call.
@@ -319,7 +235,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
                 self._sink.put(call, entry.graph_id, saved_values(entry.targets, raw[1]))
         return entry.outputs(raw)
 
-    def _first_call(self, entry: _Entry, first: FirstRun) -> Any:
+    def _first_call(self, entry: Entry, first: FirstRun) -> Any:
         outputs = entry.lowered.traced.traced.from_outputs(first.output)
         if entry.plain:
             return outputs
@@ -389,8 +305,6 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         kept = lookup(reuse, self.model)
         if kept is not None:
             return self._add_entry(kept, args, kwargs, entries), None
-        # A second shape of a structure asks for an export with dynamic dimensions.
-        token = DYNAMIC_EXPORT.set(bool(entries))
         try:
             lowered = lower(
                 self.model,
@@ -400,16 +314,15 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
                 intervene=self._intervene,
                 grads=self._grads,
                 live=live,
+                export=tiers.export_tier(structure_seen=bool(entries)),
             )
         except UntraceableError as error:
-            if self._grads:
-                raise  # gradients are saved by the static tiers only
+            if tiers.after_untraceable(bool(self._grads)) is None:
+                raise
             from clouseau.capture.torch.dynamo import DynamicTier
 
             tier = DynamicTier(self.model, self._select, self._sink, self._intervene)
-            return self._to_tier(tier, tier.name, error.reasons), None
-        finally:
-            DYNAMIC_EXPORT.reset(token)
+            return self._to_tier(tier, error.reasons), None
         self._traces += 1
         entry = self._add_entry(lowered, args, kwargs, entries)
         first = lowered.traced.first.take()
@@ -418,39 +331,35 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
 
     def _add_entry(
         self, lowered: Lowered, args: tuple[Any, ...], kwargs: dict[str, Any], entries: list[Any]
-    ) -> _Entry:
-        entry = _Entry(self.model, lowered, self._sink.add_graph(lowered.graph), args, kwargs)
+    ) -> Entry:
+        entry = Entry(self.model, lowered, self._sink.add_graph(lowered.graph), args, kwargs)
         entries.append(entry)
         return entry
 
-    def _to_tier(self, tier: Any, name: str, reasons: tuple[str, ...]) -> _TierEntry:
-        from clouseau.capture.torch.dynamo import warn_tier
-
-        warn_tier(self.model, name, reasons)
+    def _to_tier(self, tier: Any, reasons: tuple[str, ...]) -> _TierEntry:
+        tiers.warn_tier(self.model, tier.name, reasons)
         self._tier = tier
         self._tier_entry = _TierEntry(self._call_tier)
         return self._tier_entry
 
     def _call_tier(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        from clouseau.capture.torch.dynamo import DynamicTier
+        from clouseau.capture.torch.dynamo import DynamicTier, HookTier
 
         tier = self._tier
         out = tier(args, kwargs)
+        if not tier.saved:
+            self._saved_nothing(tier.tier)
         if isinstance(tier, DynamicTier):
-            name = type(self.model).__name__
-            if tier.failure is not None:  # this call ran with hooks already
-                self._to_hooks(tier.failure)
-            elif not tier.compiler.root_compiled:
-                # This call saved what Dynamo compiled (nested modules); later calls see
-                # every module through hooks.
-                self._to_hooks(f"TorchDynamo skipped {name}.forward: a graph break inside a loop")
+            after = tiers.after_dynamic_call(dynamo_failed=tier.failure is not None)
+            if after is tiers.Tier.HOOK_FALLBACK:  # this call ran with hooks already
+                self._to_tier(HookTier(self.model, self._select, self._sink), (tier.failure,))
         return out
 
-    def _to_hooks(self, reason: str) -> None:
-        from clouseau.capture.torch.dynamo import HookTier
-
-        hooks = HookTier(self.model, self._select, self._sink)
-        self._to_tier(hooks, hooks.name, (reason,))
+    def _saved_nothing(self, tier: tiers.Tier) -> None:
+        """A call saved nothing: say so once, if the selection picks anything at all."""
+        if not self._warned_empty and tiers.picks(self._select):
+            self._warned_empty = True
+            tiers.warn_empty(self.model, self._select, tier)
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self._lowered.clear()

@@ -190,6 +190,18 @@ def torchvision_points(graph: Any, names: Iterable[str]) -> list[str]:
     return [moved.get(name, name) for name in names]
 
 
+def element_names(name: str, suffix: str, first: bool) -> tuple[str, ...]:
+    """The point names of one tensor element of a module call's output named ``name``.
+
+    The one rule of every tier: the first tensor element (``suffix`` ``":0"``,
+    ``":logits"``) is also named ``<name>``, the others only ``<name><suffix>``; a plain
+    tensor output (``suffix`` ``""``) is ``<name>``.
+    """
+    if not suffix:
+        return (name,)
+    return (name, name + suffix) if first else (name + suffix,)
+
+
 def element_paths(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """``(":<index or key>...", leaf)`` for each leaf of a module's output, in order.
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -28,8 +27,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from clouseau.capture._common import SinkCall
-from clouseau.capture.torch._compat import dynamo_frame_module
+from clouseau.capture.torch._compat import dynamo_frame_module, example_value
 from clouseau.capture.torch.host import to_numpy
 from clouseau.capture.torch.ir_build import TracedModel, build_graph
 from clouseau.capture.torch.lower import SaveTarget, lower_traced
@@ -73,6 +71,10 @@ class RegionCompiler:
         The backend that compiles the instrumented region (``None``: run it as is).
     root
         The model, when known (its class names the graphs, its mode is recorded).
+    module_outputs
+        Whether the regions save module outputs; False where forward hooks save them
+        (the dynamic tier): a region then saves ops only, and a frame Dynamo skips is no
+        failure, as the hooks see its modules.
     """
 
     def __init__(
@@ -83,20 +85,21 @@ class RegionCompiler:
         intervene: Mapping[Any, Action] | None = None,
         compiler: Compiler | None = None,
         root: torch.nn.Module | None = None,
+        module_outputs: bool = True,
     ) -> None:
         self._select = select
+        self._module_outputs = module_outputs
         self._intervene = intervene
         self._sink = sink
         self._compiler = compiler
         self._root = root
         self._paths = {id(m): p for p, m in root.named_modules()} if root is not None else {}
-        # Whether Dynamo compiled a frame of the root's forward itself: it skips a frame
-        # with a graph break inside a loop, whose modules then run eagerly, unseen.
-        self.root_compiled = root is None
         self._names: dict[tuple[Any, ...], str] = {}
         self._namer = LocalNamer()
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._watched = False  # whether the root of the backend on its own is hooked
+        self._open: set[int] = set()
         self.traces = 0
 
     @contextlib.contextmanager
@@ -104,24 +107,34 @@ class RegionCompiler:
         """Put what regions save in this thread into ``call`` until the block exits."""
         outer = getattr(self._local, "call", None)
         self._local.call = call
+        self._local.saved = 0
         try:
             yield
         finally:
             self._local.call = outer
 
+    @property
+    def saved(self) -> int:
+        """How many values the regions saved into this thread's latest :meth:`call`."""
+        return getattr(self._local, "saved", 0)
+
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         with self._lock:
-            traced = self._traced(gm)
-            inputs = tuple(example_inputs)
+            frame = self._frame()
+            self._watch_root()
+            traced = self._traced(gm, frame)
+            inputs = tuple(map(example_value, example_inputs))
             root = self._root if self._root is not None else torch.nn.Module()
             facts = probe(gm, root, inputs)
             symbols = export_symbols(gm.graph, "example_value")
             model = TracedModel(traced, facts, build_graph(root, traced, facts, symbols))
             select = self._select
-            if select is not None and _resumed(gm):
-                # A resumed region's inputs are values an earlier region computed (and
-                # saved): not points of their own here.
+            if select is not None and (_resumed(gm) or frame[0]):
+                # A resumed region's inputs, or those of a nested module's frame, are
+                # values computed before (and saved): not points of their own here.
                 select = as_selector(select) & Selector(_not_an_input, "not an input")
+            if select is not None and not self._module_outputs:
+                select = as_selector(select) & Selector(_not_a_module_output, "an op")
             lowered = lower_traced(model, select, intervene=self._intervene, strict=False)
             graph_id = self._sink.add_graph(lowered.graph)
             self.traces += 1
@@ -131,7 +144,7 @@ class RegionCompiler:
         else:
             # A backend takes a graph with one flat tuple of outputs: saves after outputs.
             flat, count = _flattened(module) if lowered.saves else (module, -1)
-            run = self._compiler(flat, list(inputs))
+            run = self._compiler(flat, list(example_inputs))
             region = _Region(run, graph_id, lowered.targets, bool(lowered.saves), count)
         if not region.saves:
             return region.run
@@ -153,30 +166,72 @@ class RegionCompiler:
         ]
         call = getattr(self._local, "call", None)
         if call is not None:
+            self._local.saved += len(values)
             self._sink.put(call, region.graph_id, values)
-        else:  # compiled on its own: each region run is a call
-            with SinkCall(self._sink) as call:
-                self._sink.put(call, region.graph_id, values)
+        else:  # the backend on its own: the call of the compiled model now running
+            self._sink.put(self._user_call(), region.graph_id, values)
         return outputs
+
+    def _user_call(self) -> int:
+        """The call of the compiled model running in this thread, begun if none is: its
+        regions, graph breaks and all, save into one call. The root's hooks end it; the
+        first call, whose root was found while it ran, ends when the next one begins or
+        the capture is read (:meth:`end_open`)."""
+        call = getattr(self._local, "user_call", None)
+        if call is None:
+            call = self._local.user_call = self._sink.begin_call()
+            with self._lock:
+                self._open.add(call)
+        return call
+
+    @torch.compiler.disable
+    def _root_begins(self, module: torch.nn.Module, args: Any) -> None:
+        self._end_user_call()
+
+    @torch.compiler.disable
+    def _root_ends(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        self._end_user_call()
+
+    def _end_user_call(self) -> None:
+        call = getattr(self._local, "user_call", None)
+        self._local.user_call = None
+        if call is not None:
+            with self._lock:
+                self._open.discard(call)
+            self._sink.end_call(call)
+
+    def end_open(self) -> None:
+        """End the calls still open (the first one, whose root hooks came too late)."""
+        with self._lock:
+            calls, self._open = sorted(self._open), set()
+        for call in calls:
+            self._sink.end_call(call)
+        self._local.user_call = None
+
+    def _watch_root(self) -> None:
+        """On the first compile of the backend on its own: hook the compiled model's root,
+        whose calls delimit the capture's calls."""
+        if self._root is not None or self._watched:
+            return
+        root = dynamo_frame_module()
+        if root is not None:
+            self._watched = True
+            root.register_forward_pre_hook(self._root_begins)
+            root.register_forward_hook(self._root_ends)
 
     def _frame(self) -> tuple[str, str]:
         """The path and class of the module whose frame Dynamo compiles, ``("", "")`` for
         the root (a nested module's forward is compiled on its own when its caller's
-        frame was skipped)."""
+        frame was skipped, a graph break inside a loop: the hooks see its modules)."""
         frame = dynamo_frame_module()
         if frame is None or self._root is None or frame is self._root:
-            self.root_compiled = True
             return "", ""
-        if _runs_uncompiled(self._root):
-            # Dynamo skipped the root's forward (or a super().forward it calls), which now
-            # runs eagerly: its modules would go unseen. Fail, so the call runs with hooks.
-            raise RootSkipped(type(self._root).__name__)
         return self._paths.get(id(frame), ""), type(frame).__qualname__
 
-    def _traced(self, gm: fx.GraphModule) -> Traced:
+    def _traced(self, gm: fx.GraphModule, where: tuple[str, str]) -> Traced:
         weights: dict[str, tuple[str, str]] = {}
         inputs: dict[str, str] = {}
-        frame, frame_type = self._frame()
+        frame, frame_type = where
         prefix = f"{frame}." if frame else ""
         for node in gm.graph.nodes:
             stack = {
@@ -239,32 +294,6 @@ class RegionCompiler:
         return found
 
 
-class RootSkipped(Exception):
-    """Dynamo skipped the root module's ``forward`` (a graph break inside a loop)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"TorchDynamo skipped {name}.forward: a graph break inside a loop")
-
-
-def _runs_uncompiled(module: torch.nn.Module) -> bool:
-    """Whether the original bytecode of a ``forward`` of ``module``'s class (or a base)
-    is on the stack: Dynamo runs a frame it compiled from transformed bytecode, and one
-    it skipped from the original."""
-    codes = {
-        code
-        for cls in type(module).__mro__
-        if cls is not torch.nn.Module
-        for code in [getattr(cls.__dict__.get("forward"), "__code__", None)]
-        if code is not None
-    }
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code in codes:
-            return True
-        frame = frame.f_back
-    return False
-
-
 def _flattened(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
     """``gm`` returning ``(*outputs, *saves)`` instead of ``(outputs, saves)``."""
     graph = fx.Graph()
@@ -288,6 +317,14 @@ _RESUME = "torch_dynamo_resume_in_"
 
 def _not_an_input(point: Point) -> bool:
     return point.node.kind is not NodeKind.INPUT
+
+
+def _not_a_module_output(point: Point) -> bool:
+    """An op's own point: not a module's output (a leaf module's call, or the alias a
+    module's single escaping value has), which forward hooks save."""
+    node = point.node
+    leaf_call = bool(node.module_type) and node.op == node.module_type.lower()
+    return not (point.is_alias or leaf_call)
 
 
 def _dotted(source: str, *, in_root: bool = True) -> str:
