@@ -449,8 +449,8 @@ PLOT = Path(__file__).resolve().parent / "peers.png"
 def plot(reports: list[Report], path: Path = PLOT) -> str:
     """Draw each tool's time / the plain run, per workload, into ``path``; say what was done.
 
-    matplotlib is optional (not a pinned package): without it nothing is drawn and the line
-    returned says so.
+    matplotlib comes with the bench extra (``./dev.sh bench`` installs it); without it nothing
+    is drawn and the line returned says so.
     """
     bars: dict[str, dict[str, float]] = {}  # workload -> tool -> ratio to plain
     for report in reports:
