@@ -128,6 +128,9 @@ def signature(parts: Split) -> tuple[Any, ...]:
                 key.append(("static", leaf))
             except TypeError:
                 key.append(("static-id", id(leaf)))
+    # A collective over a named axis (BatchNorm's mean over vmap's "batch") is traced with
+    # the axis size as a constant: a trace under a vmap of another size must not be reused.
+    key.append(("axes", _compat.named_axes()))
     return tuple(key)
 
 
