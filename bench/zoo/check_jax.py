@@ -34,8 +34,8 @@ def check(case: JaxCase) -> Outcome:
     base = {"family": "jax", "name": case.name, "task": case.kind}
     jitted = eqx.filter_jit(case.run)  # the model is an argument: its non-array leaves static
     expected = [jitted(case.model, *args) for args in case.calls]
-    fmodel = clouseau.instrument(case.model, select="*", path=None)
     try:
+        fmodel = clouseau.instrument(case.model, select="*", path=None)
         got = [case.run(fmodel, *args) for args in case.calls]
         jax.effects_barrier()
     except ClouseauError as error:

@@ -13,14 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 import clouseau
 from bench.zoo.outcome import Outcome, Status, short
+from clouseau.capture.torch import to_numpy
 from clouseau.ir.errors import ClouseauError
-from tests.models.helpers import OutputHooks, assert_equal, tensors_of
+from tests.models.helpers import OutputHooks, tensors_of
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
+NOT_COMPARED = "n/a: "  # a generate outcome that is the model's, not clouseau's
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,10 @@ def run_case(build: Callable[[], TorchCase], family: str, name: str) -> Outcome:
         return Outcome(family, name, "", Status.NO_TINY, detail=short(error),
                        seconds=time.perf_counter() - started)  # fmt: skip
     task = case.task or type(case.model).__name__
-    outcome = check(case, expected)
+    try:
+        outcome = check(case, expected)
+    except Exception as error:  # clouseau raised where no call was made: unclear, FAILED
+        outcome = Outcome("", "", "", Status.FAILED, detail=short(error))
     return Outcome(**{**outcome.__dict__, "family": family, "name": name, "task": task,
                       "seconds": round(time.perf_counter() - started, 1)})  # fmt: skip
 
@@ -82,7 +88,7 @@ def _call(model: torch.nn.Module, call: Call) -> Any:
 def check(case: TorchCase, expected: list[Any]) -> Outcome:
     """The instrumented model's calls against ``expected`` (from :func:`_eager`)."""
     fmodel = clouseau.instrument(case.model, select="*", path=None)
-    tier, points = "", 0
+    tier, points, structure = "", 0, ""
     try:
         for index, (call, (want, hooks)) in enumerate(zip(case.calls, expected, strict=True)):
             try:
@@ -98,14 +104,19 @@ def check(case: TorchCase, expected: list[Any]) -> Outcome:
             if wrong:
                 return Outcome("", "", "", Status.WRONG, tier=tier, points=points,
                                traces=fmodel.traces, detail=f"call {index}: {wrong}")  # fmt: skip
+            # Equal values in another container (dict for OrderedDict): not a drop-in.
+            structure = structure or _same_structure(got, want)
         traces = fmodel.traces
     finally:
         fmodel.close()
     generated = _generate(case) if case.generate is not None else ""
+    if structure:
+        return Outcome("", "", "", Status.FAILED, tier=tier, points=points, traces=traces,
+                       detail=f"{structure} (every value equal)")  # fmt: skip
     if traces > 2:
         return Outcome("", "", "", Status.FAILED, tier=tier, points=points, traces=traces,
                        generate=generated, detail=f"{traces} traces for 2 shapes")  # fmt: skip
-    if generated not in ("", "equal"):
+    if generated not in ("", "equal") and not generated.startswith(NOT_COMPARED):
         return Outcome("", "", "", Status.FAILED, tier=tier, points=points, traces=traces,
                        generate=generated, detail=f"generate: {generated}")  # fmt: skip
     return Outcome("", "", "", Status.BITWISE, tier=tier, points=points, traces=traces,
@@ -114,40 +125,98 @@ def check(case: TorchCase, expected: list[Any]) -> Outcome:
 
 def _compare(got: Any, want: Any, hooks: OutputHooks, captured: Any, call: int) -> str:
     """Why the call's outputs or module points differ from eager, or ""."""
-    try:
-        a, e = tensors_of(got), tensors_of(want)
-        if type(got) is not type(want) or len(a) != len(e):
-            return (
-                f"output structure {type(got).__name__}/{len(a)} != {type(want).__name__}/{len(e)}"
-            )
-        for i, (x, y) in enumerate(zip(a, e, strict=True)):
-            assert_equal(x, y, f"output {i}")
-        values = hooks.by_name(captured.graph)
-        names = set(captured.names())
-        missing = sorted(set(values) - names)
-        if missing:
-            return f"{len(missing)} module outputs are not points: {missing[:5]}"
-        for name, value in values.items():
-            assert_equal(captured.get(name, call=call), value, name)
-    except AssertionError as error:
-        return short(str(error), 400)
+    a, e = tensors_of(got), tensors_of(want)
+    if len(a) != len(e):
+        return f"{len(a)} output tensors, eager has {len(e)}"
+    for i, (x, y) in enumerate(zip(a, e, strict=True)):
+        if why := _differs(to_numpy(x), to_numpy(y)):
+            return f"output {i} {why}"
+    values = _by_name(hooks, captured.graph)
+    missing = sorted(set(values) - set(captured.names()))
+    if missing:
+        return f"{len(missing)} module outputs are not points: {missing[:5]}"
+    for name, value in values.items():
+        if why := _differs(np.asarray(captured.get(name, call=call)), to_numpy(value)):
+            return f"{name} {why}"
     return ""
 
 
+def _differs(actual: np.ndarray, expected: np.ndarray) -> str:
+    """How two arrays differ (shape, dtype, values; NaN equals NaN), or ""."""
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        return (
+            f"is {actual.dtype}{list(actual.shape)}, eager {expected.dtype}{list(expected.shape)}"
+        )
+    same = (actual == expected) | (np.isnan(actual) & np.isnan(expected)
+                                  if np.issubdtype(actual.dtype, np.floating) else False)  # fmt: skip
+    if np.all(same):
+        return ""
+    gap = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+    return f"differs from eager at {int((~same).sum())} of {same.size} (max |diff| {np.nanmax(gap):.2e})"
+
+
+def _by_name(hooks: OutputHooks, graph: Any) -> dict[str, torch.Tensor]:
+    """Every hooked module output by its point name: as the graph's ``module_calls``
+    says, or (a graph without them) by docs/names.md's rule: a module's first call is its
+    path, its k-th ``<path>_<k>`` with the first free ``k`` from the call's index on."""
+    if graph.meta_value("module_calls") is not None:
+        return hooks.by_name(graph)
+    owned = set(hooks.calls)
+    found: dict[str, torch.Tensor] = {}
+    for path, calls in hooks.calls.items():
+        for index, values in enumerate(calls):
+            name, k = path, index
+            while index and (name == path or name in owned):
+                name, k = f"{path}_{k}", k + 1
+            owned.add(name)
+            found.update({name + suffix: v for suffix, v in values.items()})
+    return found
+
+
+def _same_structure(got: Any, want: Any) -> str:
+    """Why the output's container differs from eager's (values aside), or ""."""
+    if type(got) is not type(want):
+        return f"output is a {type(got).__name__}, eager's a {type(want).__name__}"
+    return ""
+
+
+class _Steps:
+    """Counts generate's forward steps: the model's calls, and an encoder-decoder's encoder
+    calls made outside the model's forward (``generate`` encodes once, before decoding)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.count, self._depth = 0, 0
+        modules = [model]
+        if getattr(model.config, "is_encoder_decoder", False) and hasattr(model, "get_encoder"):
+            modules.append(model.get_encoder())
+        self._handles = [h for m in modules for h in (
+            m.register_forward_pre_hook(self._enter), m.register_forward_hook(self._leave))]  # fmt: skip
+
+    def _enter(self, *_: Any) -> None:
+        self.count += self._depth == 0
+        self._depth += 1
+
+    def _leave(self, *_: Any) -> None:
+        self._depth -= 1
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
 def _generate(case: TorchCase) -> str:
-    """ "equal" when fmodel.generate gives model.generate's tokens with every step a call."""
+    """``"equal"`` when fmodel.generate gives model.generate's tokens with every step a call."""
     assert case.generate is not None
     args, kwargs = case.generate
-    steps = []
-    handle = case.model.register_forward_pre_hook(lambda *_: steps.append(1))
+    steps = _Steps(case.model)
     try:
         torch.manual_seed(2)
         with torch.no_grad():
             want = case.model.generate(*args, **kwargs)
-    except Exception as error:
-        return f"model.generate fails: {short(error, 120)}"
+    except Exception as error:  # the model's own generate fails: nothing to compare
+        return f"{NOT_COMPARED}model.generate fails ({short(error, 100)})"
     finally:
-        handle.remove()
+        steps.remove()
     fmodel = clouseau.instrument(case.model, select="*", path=None)
     try:
         torch.manual_seed(2)
@@ -160,6 +229,6 @@ def _generate(case: TorchCase) -> str:
         fmodel.close()
     if not torch.equal(tensors_of(got)[0], tensors_of(want)[0]):
         return "tokens differ from model.generate"
-    if calls != len(steps):
-        return f"{calls} calls captured for {len(steps)} forward steps"
+    if calls != steps.count:
+        return f"{calls} calls captured for {steps.count} forward steps"
     return "equal"

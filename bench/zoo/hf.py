@@ -11,6 +11,7 @@ config (:func:`inputs`).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -205,9 +206,19 @@ def inputs(model: torch.nn.Module, length: int, *, for_generate: bool = False) -
         kwargs["input_values"] = torch.randn(1, 400 * length, generator=generator)
     else:
         raise NotImplementedError(f"no input builder for main_input_name {main!r}")
-    if getattr(config, "is_encoder_decoder", False) and not for_generate:
-        start = getattr(config, "decoder_start_token_id", None) or 0
-        kwargs["decoder_input_ids"] = torch.full((1, 3), start)
+    parameters = inspect.signature(model.forward).parameters
+    if main != "pixel_values" and "pixel_values" in parameters and hasattr(config, "vision_config"):
+        # a dual encoder (CLIP-like) reads both: the image of the vision config's size
+        vision = config.vision_config
+        size = getattr(vision, "image_size", IMAGE)
+        kwargs["pixel_values"] = torch.randn(1, getattr(vision, "num_channels", 3), size, size,
+                                             generator=generator)  # fmt: skip
+    start = getattr(config, "decoder_start_token_id", None) or 0
+    if getattr(config, "is_encoder_decoder", False):
+        if for_generate:  # transformers 5 reads it from the generation config only
+            kwargs["decoder_start_token_id"] = start
+        else:
+            kwargs["decoder_input_ids"] = torch.full((1, 3), start)
     if for_generate:
         kwargs.pop("attention_mask", None) if main != "input_ids" else None
     return (), kwargs

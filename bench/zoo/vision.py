@@ -47,10 +47,11 @@ def torchvision_kind(name: str) -> str:
     return "classification"
 
 
-# Builder options: small detection transforms (their default resizes to 800 pixels), the
-# classifiers whose auxiliary heads only train, RAFT with few refinement steps per call.
+# Builder options: no backbone weights (their default downloads them), small detection
+# transforms (their default resizes to 800 pixels), no auxiliary heads (they only train).
 TV_OPTIONS: dict[str, dict[str, Any]] = {
-    "detection": {"min_size": 64, "max_size": 96},
+    "detection": {"min_size": 64, "max_size": 96, "weights_backbone": None},
+    "segmentation": {"weights_backbone": None},
     "inception_v3": {"aux_logits": False, "init_weights": False},
     "quantized_inception_v3": {"aux_logits": False, "init_weights": False},
     "googlenet": {"aux_logits": False, "init_weights": False},
@@ -65,6 +66,8 @@ def torchvision_case(name: str) -> TorchCase:
     torchvision = _import_torchvision()
     kind = torchvision_kind(name)
     options = {**TV_OPTIONS.get(kind, {}), **TV_OPTIONS.get(name, {})}
+    if name.startswith("ssd"):  # SSD fixes its transform's size itself (300 or 320)
+        options = {k: v for k, v in options.items() if k not in ("min_size", "max_size")}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = torchvision.models.get_model(name, weights=None, **options).eval()
@@ -76,7 +79,8 @@ def torchvision_case(name: str) -> TorchCase:
     if kind == "detection":
         calls = (((([image(3, 64, 80)],), {})), (([image(3, 72, 64), image(3, 64, 64)],), {}))
     elif kind == "optical_flow":
-        calls = tuple(((image(b, 3, 64, 64), image(b, 3, 64, 64)), {"num_flow_updates": 2})
+        # RAFT's correlation pyramid needs 128 pixels; few refinement steps per call
+        calls = tuple(((image(b, 3, 128, 128), image(b, 3, 128, 128)), {"num_flow_updates": 2})
                       for b in (1, 2))  # fmt: skip
     elif kind == "video":
         frames, size = TV_VIDEO.get(name, (4, 64))
