@@ -38,10 +38,11 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(outcome.to_json()))
         return 0
     results = Path(args.results)
+    every = catalog.case_ids(tuple(args.only or catalog.FAMILIES))
     if args.report:
-        report.write(report.load(results), Path(args.doc))
+        report.write(report.load(results), Path(args.doc), _per_family(every))
         return 0
-    ids = [i for i in catalog.case_ids(tuple(args.only or catalog.FAMILIES)) if _chosen(i, args.k)]
+    ids = [i for i in every if _chosen(i, args.k)]
     if args.list:
         print("\n".join(ids))
         return 0
@@ -50,8 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     pending = [i for i in ids if i not in done or done[i].status in retry]
     print(f"{len(pending)} cases to run ({len(ids) - len(pending)} already in {results})")
     _sweep(pending, results, jobs=args.jobs, timeout=args.timeout)
-    report.write(report.load(results), Path(args.doc))
+    report.write(report.load(results), Path(args.doc), _per_family(every))
     return 0
+
+
+def _per_family(ids: list[str]) -> dict[str, int]:
+    return {f: sum(i.startswith(f + ":") for i in ids) for f in catalog.FAMILIES}
 
 
 def _chosen(case_id: str, patterns: list[str] | None) -> bool:

@@ -31,9 +31,10 @@ def load(path: Path) -> list[Outcome]:
     return list(found.values())
 
 
-def write(outcomes: list[Outcome], doc: Path) -> None:
-    """Write the table atomically (a temporary file renamed over the old one)."""
-    text = render(outcomes)
+def write(outcomes: list[Outcome], doc: Path, cases: dict[str, int] | None = None) -> None:
+    """Write the table atomically (a temporary file renamed over the old one); ``cases``:
+    how many cases each family has, swept or not."""
+    text = render(outcomes, cases)
     tmp = doc.with_suffix(".md.tmp")
     tmp.write_text(text)
     os.replace(tmp, doc)
@@ -47,7 +48,7 @@ def counts(outcomes: list[Outcome], family: str) -> dict[str, int]:
             **{s.value: c[s] for s in ORDER}}  # fmt: skip
 
 
-def render(outcomes: list[Outcome]) -> str:
+def render(outcomes: list[Outcome], cases: dict[str, int] | None = None) -> str:
     families = [f for f in TARGETS if any(o.family == f for o in outcomes)]
     lines = [
         "# Model zoo",
@@ -62,6 +63,7 @@ def render(outcomes: list[Outcome]) -> str:
         "",
         f"Swept on {_date()} with {_versions()}.",
         "",
+        *_coverage(outcomes, cases),
         "## Counts",
         "",
         "| family | swept | ran eagerly | supported | target | bitwise | tolerance | refused "
@@ -90,6 +92,18 @@ def render(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+def _coverage(outcomes: list[Outcome], cases: dict[str, int] | None) -> list[str]:
+    if not cases:
+        return []
+    parts = [f"{family} {sum(o.family == family for o in outcomes)} of {n}"
+             for family, n in cases.items() if n]  # fmt: skip
+    return [
+        f"Cases swept so far: {', '.join(parts)} (a case is a model type and task class,",
+        "a builder, a timm model or a JAX model); `./dev.sh zoo` resumes where it stopped.",
+        "",
+    ]
+
+
 def _legend() -> str:
     return (
         "*supported* is bitwise plus tolerance, as a share of the models that ran eagerly "
@@ -98,7 +112,10 @@ def _legend() -> str:
         "clouseau raised an error naming the cause and the fix. *wrong*: a value differs "
         "from eager or a module output is no point, the one outcome that is never "
         "acceptable. *failed*: an unclear error, more than 2 traces, or `generate` "
-        "differing. *timeout*: over the per-model limit on the sweep's machine."
+        "differing. *timeout*: over the per-model limit on the sweep's machine. "
+        "Flax linen's module outputs have no point of their own (a linen module is no "
+        "pytree; its ops are named by linen's scopes): the sweep finds each one, as "
+        "`capture_intermediates` records it, among the captured values."
     )
 
 
@@ -129,7 +146,7 @@ of these cases (`tests/zoo/`); the full sweep is this command, not a test."""
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;").replace("\n", " ")
 
 
 def _date() -> str:
