@@ -32,7 +32,6 @@ SAMPLE = {
     "timm:resnet18": "vision CNN, torch.fx",
     "timm:test_vit": "vision transformer",
     "timm:test_convnext": "vision ConvNeXt",
-    "timm:mobilevit_xxs": "vision hybrid CNN/attention",
     # transformers
     "transformers:gpt2/causal-lm": "text decoder, torch.export, generate",
     "transformers:llama/causal-lm": "text decoder (RoPE, GQA), torch.export, generate",
