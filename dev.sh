@@ -9,6 +9,8 @@
 #   ./dev.sh lint     set up, then ruff format --check and ruff check
 #   ./dev.sh docs     set up, then build the docs site into site/ (mkdocs build --strict);
 #                     ./dev.sh docs serve serves it with live reload
+#   ./dev.sh zoo      set up, then sweep the model zoo and write docs/models.md (resumable;
+#                     --only FAMILY, -k PATTERN, --jobs N, --timeout S; see bench/zoo)
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
@@ -86,5 +88,6 @@ case "$cmd" in
     else
       "$VENV/bin/mkdocs" build --strict "$@"
     fi ;;
-  *) sed -n '2,11p' "$0"; exit 2 ;;
+  zoo) setup; "$VENV/bin/python" -m bench.zoo "$@" ;;
+  *) sed -n '2,13p' "$0"; exit 2 ;;
 esac

@@ -69,3 +69,9 @@ def test_docs_builds_strict_and_serves(repo: Path) -> None:
     assert log == ["mkdocs build --strict"]
     log, _ = _run(repo, "docs", "serve", "-a", "localhost:9000")
     assert log == ["mkdocs serve -a localhost:9000"]
+
+
+def test_zoo_runs_the_sweep_with_its_arguments(repo: Path) -> None:
+    _run(repo, "zoo")  # the first call installs
+    log, _ = _run(repo, "zoo", "--only", "timm", "-k", "resnet*")
+    assert log == ["python -m bench.zoo --only timm -k resnet*"]

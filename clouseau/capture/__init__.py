@@ -128,6 +128,9 @@ def _is_jax(model: Any, args: tuple[Any, ...]) -> bool:
     jax = sys.modules.get("jax")
     if jax is None:
         return False
+    linen = sys.modules.get("flax.linen")
+    if linen is not None and isinstance(model, linen.Module):
+        return True  # the JAX frontend says to instrument its apply function
     if not callable(model):
         return False
     leaves = jax.tree_util.tree_leaves((model, args))

@@ -27,6 +27,7 @@ import jax
 from clouseau.capture.jax._compat import distributed_client
 from clouseau.capture.jax.build import build_graph
 from clouseau.capture.jax.jaxpr_trace import Traced, split, trace_jaxpr
+from clouseau.capture.jax.linen import refuse_linen
 from clouseau.capture.jax.module import Core, InstrumentedFunction, InstrumentedModule
 from clouseau.capture.jax.naming import ACTIVATIONS, TORCH_KEY_MAP, map_keys, path_name
 from clouseau.capture.jax.plan import Plan, make_plan
@@ -186,6 +187,7 @@ FRONTEND = JaxFrontend()
 
 
 def _check_model(model: Any) -> None:
+    refuse_linen(model)
     if not callable(model):
         raise TypeError(
             f"clouseau cannot trace a {type(model).__name__}: pass a JAX function, an Equinox "

@@ -70,6 +70,13 @@ def is_tracer(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
+def named_axes() -> tuple[tuple[Any, int], ...]:
+    """The named axes bound now (a ``vmap(axis_name=...)`` around the call) and their sizes."""
+    from jax._src import core
+
+    return tuple(core.get_axis_env().axis_sizes.items())
+
+
 def is_batch_tracer(x: Any) -> bool:
     """True when ``x`` is a value being batched by a ``jax.vmap`` (mapped or not)."""
     from jax._src.interpreters import batching

@@ -44,6 +44,7 @@ from clouseau.capture._common import (
     user_frame,
 )
 from clouseau.capture.jax import _compat, activations, batch_pin, state
+from clouseau.capture.jax.linen import is_linen_apply
 from clouseau.capture.jax.naming import ACTIVATIONS, join, key_name, path_name
 from clouseau.ir.errors import ClouseauError, TraceError
 
@@ -127,6 +128,9 @@ def signature(parts: Split) -> tuple[Any, ...]:
                 key.append(("static", leaf))
             except TypeError:
                 key.append(("static-id", id(leaf)))
+    # A collective over a named axis (BatchNorm's mean over vmap's "batch") is traced with
+    # the axis size as a constant: a trace under a vmap of another size must not be reused.
+    key.append(("axes", _compat.named_axes()))
     return tuple(key)
 
 
@@ -205,12 +209,19 @@ def _input_names(
     except (TypeError, ValueError):
         params = []
     positional = [p for p in params if p not in kwargs]
+    # A linen model.apply's first argument is the model's variables: its state, as an
+    # Equinox module's leaves are, not points written again on every call.
+    variables = 0 if is_linen_apply(model) else None
     names: list[str] = []
     is_param: list[bool] = []
     for keys, leaf in jax.tree_util.tree_flatten_with_path((model, args, kwargs))[0]:
         if not eqx.is_array(leaf):
             continue
         where, rest = keys[0].idx, keys[1:]
+        if where == 1 and rest[0].idx == variables:
+            names.append(path_name(rest[1:]) or "param")
+            is_param.append(True)
+            continue
         if where == 0:
             names.append(path_name(rest) or "param")
             is_param.append(True)

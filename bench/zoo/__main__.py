@@ -1,0 +1,127 @@
+"""``python -m bench.zoo`` (``./dev.sh zoo``): the model zoo sweep, and docs/models.md.
+
+    python -m bench.zoo                       every case, one at a time, then the report
+    python -m bench.zoo --only timm --jobs 2  one family, two workers
+    python -m bench.zoo -k 'gpt*' -k 'resnet*'  the cases whose key matches a glob
+    python -m bench.zoo --list                the case ids
+    python -m bench.zoo --report              only rewrite docs/models.md from the results
+
+Each case runs in a subprocess of its own with a time limit (``--timeout``); its outcome
+is appended to the results file (JSON lines), and a rerun skips the cases already there
+(``--retry STATUS`` reruns those with that status). See bench/zoo/__init__.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench.zoo import catalog, report
+from bench.zoo.outcome import Outcome, Status, short
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).resolve().parent / "results.jsonl"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.worker:
+        outcome = catalog.run(args.worker)
+        Path(args.out).write_text(json.dumps(outcome.to_json()))
+        return 0
+    results = Path(args.results)
+    every = catalog.case_ids(tuple(args.only or catalog.FAMILIES))
+    if args.report:
+        report.write(report.load(results), Path(args.doc), _per_family(every))
+        return 0
+    ids = [i for i in every if _chosen(i, args.k)]
+    if args.list:
+        print("\n".join(ids))
+        return 0
+    done = {o.family + ":" + o.name: o for o in report.load(results)}
+    retry = {Status(s) for s in args.retry or ()}
+    pending = [i for i in ids if i not in done or done[i].status in retry]
+    print(f"{len(pending)} cases to run ({len(ids) - len(pending)} already in {results})")
+    _sweep(pending, results, jobs=args.jobs, timeout=args.timeout)
+    report.write(report.load(results), Path(args.doc), _per_family(every))
+    return 0
+
+
+def _per_family(ids: list[str]) -> dict[str, int]:
+    return {f: sum(i.startswith(f + ":") for i in ids) for f in catalog.FAMILIES}
+
+
+def _chosen(case_id: str, patterns: list[str] | None) -> bool:
+    key = case_id.split(":", 1)[1]
+    return not patterns or any(fnmatch.fnmatchcase(key, p) for p in patterns)
+
+
+def _sweep(ids: list[str], results: Path, *, jobs: int, timeout: float) -> None:
+    from tqdm import tqdm
+
+    lock = threading.Lock()
+    bar = tqdm(total=len(ids), unit="model", dynamic_ncols=True)
+
+    def one(case_id: str) -> None:
+        outcome = run_worker(case_id, timeout)
+        with lock:
+            with results.open("a") as f:  # a line per model: a killed sweep keeps them
+                f.write(json.dumps(outcome.to_json()) + "\n")
+            bar.set_postfix_str(f"{case_id} {outcome.status.value}", refresh=False)
+            bar.update()
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(one, ids))
+    bar.close()
+
+
+def run_worker(case_id: str, timeout: float) -> Outcome:
+    """One case in a fresh interpreter; a hang is TIMEOUT, a crash FAILED with its output."""
+    family, key = case_id.split(":", 1)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "outcome.json"
+        command = [sys.executable, "-m", "bench.zoo", "--worker", case_id, "--out", str(out)]
+        try:
+            done = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True,
+                                  timeout=timeout)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return Outcome(family, key, "", Status.TIMEOUT, detail=f"over {timeout:.0f} s")
+        if out.exists():
+            return Outcome.from_json(json.loads(out.read_text()))
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return Outcome(family, key, "", Status.FAILED,
+                       detail=short(f"worker exit {done.returncode}: {' '.join(tail)}"))  # fmt: skip
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.zoo", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument(
+        "--only", action="append", choices=catalog.FAMILIES, help="a family (repeatable)"
+    )
+    p.add_argument("-k", action="append", metavar="PATTERN", help="a glob over case keys")
+    p.add_argument("--jobs", type=int, default=1, help="workers in parallel (default 1)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per model (300)")
+    p.add_argument("--retry", action="append", choices=[s.value for s in Status],
+                   help="rerun the cases recorded with this status")  # fmt: skip
+    p.add_argument("--results", default=str(RESULTS), help="the JSON-lines results file")
+    p.add_argument("--doc", default=str(ROOT / "docs" / "models.md"), help="the table written")
+    p.add_argument("--list", action="store_true", help="print the case ids and exit")
+    p.add_argument("--report", action="store_true", help="only rewrite the table")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(main())

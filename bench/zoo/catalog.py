@@ -1,0 +1,76 @@
+"""Every case of the sweep by id (``family:key``), and how the worker runs one."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import warnings
+
+from bench.zoo.outcome import Outcome
+
+FAMILIES = ("jax", "torchvision", "timm", "transformers")
+
+
+def case_ids(only: tuple[str, ...] = FAMILIES) -> list[str]:
+    """The ids of ``only``'s cases, interleaved family by family, so that a sweep cut
+    short has covered every family alike."""
+    lists = [[f"{family}:{key}" for key in _keys(family)] for family in only]
+    mixed = itertools.chain.from_iterable(itertools.zip_longest(*lists))
+    return [i for i in mixed if i is not None]
+
+
+def _keys(family: str) -> list[str]:
+    _quiet()
+    if family == "jax":
+        from bench.zoo.jax_models import CASES
+
+        return list(CASES)
+    if family == "torchvision":
+        from bench.zoo.vision import torchvision_builders
+
+        return torchvision_builders()
+    if family == "timm":
+        from bench.zoo.vision import timm_sample
+
+        return timm_sample()
+    from bench.zoo.hf import cases
+
+    return [f"{model_type}/{task}" for model_type, task in cases()]
+
+
+def run(case_id: str) -> Outcome:
+    """Build and check one case (in the worker process)."""
+    _quiet()
+    family, key = case_id.split(":", 1)
+    if family == "jax":
+        from bench.zoo.check_jax import run_case
+        from bench.zoo.jax_models import CASES
+
+        return run_case(CASES[key]())
+    from bench.zoo import check_torch, vision
+
+    if family == "torchvision":
+        return check_torch.run_case(lambda: vision.torchvision_case(key), family, key)
+    if family == "timm":
+        return check_torch.run_case(lambda: vision.timm_case(key), family, key)
+    from bench.zoo import hf
+
+    model_type, task = key.split("/")
+    return check_torch.run_case(lambda: hf.build(model_type, task), family, key)
+
+
+def _quiet() -> None:
+    """One thread (the sweep runs a worker per core), the torchvision operators defined,
+    and the libraries' notices off: the worker's output is its result."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import importlib
+
+    importlib.import_module("tests.conftest")  # torchvision's operators, before its import
+    warnings.simplefilter("ignore")
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except ImportError:
+        pass

@@ -1,0 +1,77 @@
+"""The sweep's machinery: its classification of outcomes, resuming, the time limit, the table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from bench.zoo import __main__ as zoo  # noqa: E402
+from bench.zoo import check_torch, report  # noqa: E402
+from bench.zoo.outcome import Outcome, Status  # noqa: E402
+
+
+def _mlp(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def _case(model: torch.nn.Module) -> check_torch.TorchCase:
+    calls = (((torch.randn(1, 4),), {}), ((torch.randn(3, 4),), {}))
+    return check_torch.TorchCase("test", "mlp", model.eval(), calls)
+
+
+def test_a_model_equal_to_eager_is_bitwise() -> None:
+    outcome = check_torch.run_case(lambda: _case(_mlp(0)), "test", "mlp")
+    assert outcome.status is Status.BITWISE, outcome.detail
+    assert outcome.points >= 3 and outcome.traces <= 2 and outcome.tier
+
+
+def test_a_value_unequal_to_eager_is_classified_wrong() -> None:
+    # Eager values of another model stand for a capture that silently differs.
+    case, other = _case(_mlp(0)), _case(_mlp(1))
+    expected = [check_torch._eager(other.model, call) for call in case.calls]
+    outcome = check_torch.check(case, expected)
+    assert outcome.status is Status.WRONG
+    assert outcome.detail.startswith("call 0: output 0 differs from eager")
+
+
+def test_a_model_that_does_not_build_is_no_tiny_model_with_the_reason() -> None:
+    def build() -> check_torch.TorchCase:
+        raise ValueError("hidden_size must divide num_heads")
+
+    outcome = check_torch.run_case(build, "test", "broken")
+    assert outcome.status is Status.NO_TINY and "hidden_size" in outcome.detail
+    assert not outcome.status.counts_as_supported
+
+
+def test_a_rerun_skips_the_models_already_swept(tmp_path: Path) -> None:
+    results, doc = tmp_path / "results.jsonl", tmp_path / "models.md"
+    done = Outcome("jax", "eqx-mlp", "equinox", Status.BITWISE, "jax", 12, 1)
+    results.write_text(json.dumps(done.to_json()) + "\n")
+    argv = ["--only", "jax", "-k", "eqx-mlp", "--results", str(results), "--doc", str(doc)]
+    assert zoo.main(argv) == 0  # nothing to run: no worker starts
+    assert results.read_text().count("\n") == 1
+    assert "| jax | 1 | 1 | 1 (100%) |" in doc.read_text()
+
+
+def test_a_worker_past_its_time_limit_is_a_timeout() -> None:
+    outcome = zoo.run_worker("jax:eqx-mlp", timeout=0.5)  # the interpreter alone takes longer
+    assert outcome.status is Status.TIMEOUT and outcome.name == "eqx-mlp"
+
+
+def test_the_table_counts_each_family_and_lists_what_fails() -> None:
+    outcomes = [
+        Outcome("timm", "a", "A", Status.BITWISE, "torch.fx", 10, 1),
+        Outcome("timm", "b", "B", Status.WRONG, "torch.export", 5, 2, detail="call 0: x"),
+        Outcome("timm", "c", "C", Status.NO_TINY, detail="needs 224 pixels"),
+        Outcome("jax", "d", "equinox", Status.TOLERANCE, "jax", 3, 2, detail="max 1e-7"),
+    ]
+    text = report.render(outcomes)
+    assert "| timm | 3 | 2 | 1 (50%) | 98% | 1 | 0 | 0 | 1 | 0 | 0 | 1 |" in text
+    assert "| jax | 1 | 1 | 1 (100%) | 100% | 0 | 1 |" in text
+    assert "- **wrong** timm `b`: call 0: x" in text
+    assert "| `c` | C |  |  |  |  | no tiny model | needs 224 pixels |" in text
