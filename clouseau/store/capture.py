@@ -298,7 +298,7 @@ class Capture(Mapping[str, np.ndarray]):
 
     # -- datasets: rows across calls (clouseau.record) -----------------------------------
     def array(self, name: str) -> Any:
-        """``name``'s arrays of every call as one lazy, memory-mapped array of rows.
+        """``name``'s arrays of every call as one lazy array of rows, read from disk on indexing.
 
         Needs the same shape after the first axis in every call (a recording with
         ``rows=True`` stores ``[tokens, d]``). Indexing reads only the rows asked for.
@@ -362,7 +362,7 @@ class Capture(Mapping[str, np.ndarray]):
             yield out[0] if single else dict(zip(wanted, out, strict=True))
 
     def to_torch_dataset(self, names: str | Sequence[str]) -> Any:
-        """A map-style ``torch.utils.data.Dataset`` of rows (memory-mapped, fork-safe).
+        """A map-style ``torch.utils.data.Dataset`` of rows (read on demand, fork-safe).
 
         ``ds[i]`` is a row (a tensor, or a dict for a list of names); ``ds[index_list]``
         a whole batch, for ``DataLoader(ds, sampler=BatchSampler(...), batch_size=None)``.

@@ -103,6 +103,26 @@ def read_head(path: Path, size: int) -> bytes:
         os.close(fd)
 
 
+def read_at(fd: int, view: memoryview, offset: int) -> int:
+    """Read into ``view`` from byte ``offset`` of ``fd``; the bytes read (short at the end).
+
+    ``os.preadv`` fills the buffer in place and skips a buffered file object, which costs
+    more than the read itself for small reads; ``os.pread`` is the fallback.
+    """
+    got = 0
+    while got < len(view):  # a read may return less than asked (large reads)
+        if hasattr(os, "preadv"):
+            n = os.preadv(fd, [view[got:]], offset + got)
+        else:
+            chunk = os.pread(fd, len(view) - got, offset + got)
+            n = len(chunk)
+            view[got : got + n] = chunk
+        if n == 0:
+            break
+        got += n
+    return got
+
+
 def temp_file(directory: Path, name: str) -> tuple[int, Path]:
     """A new, empty, hidden file beside ``directory/name``: (descriptor, path).
 

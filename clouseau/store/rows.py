@@ -1,22 +1,20 @@
-"""Rows across calls: a point's arrays of every call read as one memory-mapped column.
+"""Rows across calls: a point's arrays of every call read as one column, from disk.
 
 A *column* is one name's arrays in call order, seen as rows along their first axis (a
 token-level recording stores ``[tokens, d]`` per batch; any capture stores ``[batch, ...]``
-per call). Nothing is loaded up front: each file is memory-mapped once, and rows are
-copied out only when asked for. A gather of scattered rows (a shuffled batch) is one
-numpy fancy index per file, over a view of the file whose elements are the row's bytes
-at every byte offset, so its cost does not grow with the number of calls.
+per call). Nothing is loaded up front: rows are read from their files only when asked
+for, with ``pread`` into the new array that is handed out (:mod:`clouseau.store.row_files`;
+never a load from a memory map, which a file truncated under it turns into SIGBUS), so a
+read costs the rows, not the file. A gather of scattered rows (a shuffled batch) is a few
+kernel copies per file, whatever the number of calls.
 
 The rows are those of the files ``load`` accepted, read through the loaders it made
 (:class:`~clouseau.store.sources.TensorSource`): a file it skipped is never read, and a
-file that changed since is refused (its stamp is checked before every access to its map).
+file that changed since is refused (its stamp is checked before and after every read).
 """
 
 from __future__ import annotations
 
-import mmap
-import os
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,16 +23,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from clouseau.ir.errors import CaptureError
-from clouseau.store.files import open_regular
-from clouseau.store.sources import Stamp, TensorSource, check_unchanged
+from clouseau.store.row_files import RowFiles
+from clouseau.store.sources import Stamp, TensorSource
 
 if TYPE_CHECKING:
     from clouseau.store.capture import Capture, Entry
 
 FORMATS = ("numpy", "torch", "jax")
-# Files mapped at once by one column: each map holds a descriptor, and a recording may
-# have tens of thousands of files.
-MAX_MAPS = 256
 
 
 @dataclass(frozen=True)
@@ -51,7 +46,7 @@ class Chunk:
 
 
 class Column:
-    """The rows of one name over every call, memory-mapped (see the module docstring)."""
+    """The rows of one name over every call, read from their files (see the module docstring)."""
 
     def __init__(
         self, name: str, dtype: np.dtype, row_shape: tuple[int, ...], chunks: Sequence[Chunk]
@@ -65,105 +60,81 @@ class Column:
         ids = {f: i for i, f in enumerate(self.files)}
         self.file_ids = np.array([ids.get(c.file, -1) for c in self.chunks], dtype=np.int64)
         self.offsets = np.array([c.offset for c in self.chunks], dtype=np.int64)
-        self.in_memory = any(c.array is not None for c in self.chunks)
-        self.stamps = {c.file: c.stamp for c in self.chunks if c.file is not None}
         self.shifts = np.array([c.shift for c in self.chunks], dtype=np.int64)
-        self._maps: OrderedDict[Path, np.ndarray] = OrderedDict()
+        self.reader = RowFiles({c.file: c.stamp for c in self.chunks if c.file is not None})
 
     def __len__(self) -> int:
         return int(self.starts[-1])
 
-    def __getstate__(self) -> dict[str, Any]:
-        # Memory maps are reopened in the receiving process (a DataLoader worker).
-        return {**self.__dict__, "_maps": OrderedDict()}
-
-    def _map(self, file: Path) -> np.ndarray:
-        stamp = self.stamps[file]
-        if stamp is not None:
-            # Before every access: a file truncated under a map would raise SIGBUS.
-            check_unchanged(file, stamp)
-        found = self._maps.get(file)
-        if found is not None:
-            self._maps.move_to_end(file)
-            return found
-        fd = open_regular(file)  # never through a link, never a FIFO or a device
-        try:
-            if stamp is not None and Stamp.of(os.fstat(fd)) != stamp:
-                check_unchanged(file, stamp)  # raises, naming what changed
-            size = os.fstat(fd).st_size
-            view = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
-        finally:
-            os.close(fd)
-        found = self._maps[file] = np.frombuffer(view, dtype=np.uint8)
-        while len(self._maps) > MAX_MAPS:
-            self._maps.popitem(last=False)
-        return found
-
-    def _chunk_view(self, i: int) -> np.ndarray:
-        chunk = self.chunks[i]
-        if chunk.array is not None:
-            return chunk.array
-        assert chunk.file is not None
-        data = self._map(chunk.file)
-        count = chunk.rows * int(np.prod(self.row_shape, dtype=np.int64))
-        flat = np.frombuffer(data, self.dtype, count=count, offset=chunk.offset)
-        view = flat.reshape(chunk.rows, *self.row_shape)
-        return view + chunk.shift if chunk.shift else view
-
     def slice(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``[start, stop)`` as a new array (contiguous ranges: copied chunk by chunk)."""
+        """Rows ``[start, stop)`` as a new array (contiguous ranges: one read per chunk)."""
         start, stop = max(0, start), min(len(self), stop)
         if stop <= start:
             return np.empty((0, *self.row_shape), self.dtype)
         first = int(np.searchsorted(self.starts, start, side="right")) - 1
         last = int(np.searchsorted(self.starts, stop, side="left"))
         out = np.empty((stop - start, *self.row_shape), self.dtype)
-        at = 0
+        raw = _bytes_of(out)
+        at, used = 0, set()
         for i in range(first, last):
             lo = max(start, int(self.starts[i])) - int(self.starts[i])
             hi = min(stop, int(self.starts[i + 1])) - int(self.starts[i])
-            out[at : at + hi - lo] = self._chunk_view(i)[lo:hi]
+            chunk = self.chunks[i]
+            if chunk.array is not None:
+                out[at : at + hi - lo] = chunk.array[lo:hi]
+            elif self.row_bytes:
+                assert chunk.file is not None
+                view = raw[at * self.row_bytes : (at + hi - lo) * self.row_bytes]
+                self.reader.read(chunk.file, view, chunk.offset + lo * self.row_bytes)
+                used.add(chunk.file)
+                if chunk.shift:
+                    out[at : at + hi - lo] += np.asarray(chunk.shift).astype(self.dtype)
             at += hi - lo
+        for file in used:
+            self.reader.check(file)
         return out
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         """The rows at the global indices ``rows`` (any order), as a new array."""
-        rows = np.asarray(rows, dtype=np.int64)
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
             raise IndexError(f"row index out of range for {self.name!r} of {len(self)} rows")
-        chunk = np.searchsorted(self.starts, rows, side="right") - 1
         out = np.empty((rows.size, *self.row_shape), self.dtype)
         if not rows.size or not self.row_bytes:
             return out
-        local = rows - self.starts[chunk]
-        offsets = self.offsets[chunk] + local * self.row_bytes
-        flat_out = out.reshape(rows.size, -1).view(np.dtype((np.void, self.row_bytes)))
-        flat_out = flat_out.reshape(rows.size)
-        if len(self.files) == 1 and not self.in_memory:
-            flat_out[:] = self._bytes_view(self.files[0])[offsets]
-            return self._shifted(out, chunk)
-        file_ids = self.file_ids[chunk]
-        for i in np.unique(file_ids[file_ids >= 0]):
-            ids = file_ids == i
-            flat_out[ids] = self._bytes_view(self.files[int(i)])[offsets[ids]]
-        if self.in_memory:  # a capture without files
-            for i in np.unique(chunk[file_ids < 0]):
-                ids = chunk == i
-                out[ids] = self._chunk_view(int(i))[local[ids]]
-        return self._shifted(out, chunk)
-
-    def _shifted(self, out: np.ndarray, chunk: np.ndarray) -> np.ndarray:
+        chunk = np.searchsorted(self.starts, rows, side="right") - 1
+        self._gather(out, chunk, rows - self.starts[chunk])
         if self.shifts.any():
             shift = self.shifts[chunk].reshape(-1, *(1,) * len(self.row_shape))
             out += shift.astype(out.dtype)
         return out
 
-    def _bytes_view(self, file: Path) -> np.ndarray:
-        # Element i is the row-sized run of bytes starting at byte i of the file.
-        data = self._map(file)
-        count = data.size - self.row_bytes + 1
-        void = np.dtype((np.void, self.row_bytes))
-        return np.ndarray((count,), void, buffer=data, offset=0, strides=(1,))
+    def _gather(self, out: np.ndarray, chunk: np.ndarray, local: np.ndarray) -> None:
+        """Fill ``out`` with rows ``local`` of chunks ``chunk`` (any order)."""
+        file_ids = self.file_ids[chunk]
+        for i in np.unique(chunk[file_ids < 0]):  # a capture in memory
+            ids = chunk == i
+            array = self.chunks[int(i)].array
+            assert array is not None
+            out[ids] = array[local[ids]]
+        on_disk = np.flatnonzero(file_ids >= 0)
+        if not on_disk.size:
+            return
+        offsets = self.offsets[chunk[on_disk]] + local[on_disk] * self.row_bytes
+        ids = file_ids[on_disk]
+        rows = out.reshape(out.shape[0], -1).view(np.uint8)
+        for i in np.unique(ids):
+            file = self.files[int(i)]
+            mine = ids == i
+            # Sorted by offset within the file: neighbouring rows are read together.
+            by_offset = np.argsort(offsets[mine], kind="stable")
+            self.reader.gather(file, rows, on_disk[mine][by_offset], offsets[mine][by_offset])
+            self.reader.check(file)
+
+
+def _bytes_of(out: np.ndarray) -> memoryview:
+    """The bytes of the new, contiguous array ``out``, to read into."""
+    return memoryview(out.reshape(-1).view(np.uint8))
 
 
 def columns(cap: Capture, names: Sequence[str]) -> tuple[Column, ...]:

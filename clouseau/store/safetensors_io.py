@@ -24,7 +24,7 @@ import ml_dtypes
 import numpy as np
 
 from clouseau.ir.errors import CaptureError
-from clouseau.store.files import open_regular, rename_new, temp_file
+from clouseau.store.files import open_regular, read_at, rename_new, temp_file
 
 TO_NUMPY: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
@@ -347,21 +347,9 @@ def read_array(path: Path, entry: TensorEntry) -> np.ndarray:
 
 
 def _read_into(path: Path, view: memoryview, offset: int) -> int:
-    # os.preadv fills the array in place and skips the buffered file object, which costs
-    # more than the read itself for small arrays; readinto is the portable fallback.
-    if not hasattr(os, "preadv"):
-        with os.fdopen(open_regular(path), "rb") as f:
-            f.seek(offset)
-            return f.readinto(view) or 0
     fd = open_regular(path)
     try:
-        got = 0
-        while got < len(view):  # a read may return less than asked (large arrays)
-            n = os.preadv(fd, [view[got:]], offset + got)
-            if n == 0:
-                break
-            got += n
-        return got
+        return read_at(fd, view, offset)
     finally:
         os.close(fd)
 

@@ -6,7 +6,7 @@ into place), rewritten or truncated. Every loader therefore carries the :class:`
 the file it was loaded from (device, inode, size, modification and change times) and
 checks it before and after reading: a file that changed is a :class:`CaptureError` naming
 it, never another run's values. Reads go through ``pread`` (a truncated file reads short
-and is refused); the row readers' memory maps check the stamp before each access.
+and is refused); the row readers read with ``pread`` too (:mod:`clouseau.store.row_files`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """``cap.to_torch_dataset``: rows as a map-style torch Dataset for a DataLoader with workers.
 
-The dataset holds the columns (file paths and offsets); each worker process maps the files
-again on first use, so nothing large is pickled and no file handle crosses a fork.
+The dataset holds the columns (file paths and offsets); a worker process started by pickling
+opens the files again on first use, so nothing large is pickled. A forked worker reads
+through the descriptors it inherits, with ``pread``: no file offset is shared.
 """
 
 from __future__ import annotations

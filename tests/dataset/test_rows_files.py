@@ -3,6 +3,7 @@ file that changed after ``load`` (an error, never another run's values, never a 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -140,3 +141,69 @@ def test_a_file_truncated_under_its_map_is_an_error_not_a_signal(tmp_path: Path)
     )  # fmt: skip
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])  # SIGBUS is -7
     assert done.stdout.splitlines() == ["refused: True"] * 4, done.stdout
+
+
+# Reads in a loop while a thread cuts the files in half at a random moment: the cut falls
+# inside a read (a copy out of a memory map was SIGBUS there, after every check passed).
+_CUT_DURING_READS = """
+import json, os, random, shutil, sys, threading, time
+import numpy as np, clouseau
+from pathlib import Path
+source, work = Path(sys.argv[1]), Path(sys.argv[2])
+expected = np.asarray(clouseau.load(source).array("0"))
+rng = random.Random(0)
+counts = {"ok": 0, "refused": 0, "wrong": 0}
+def cut(files, delay):
+    time.sleep(delay)
+    for file in files:
+        os.truncate(file, os.stat(file).st_size // 2)
+for trial in range(8):
+    copy = work / str(trial)
+    shutil.copytree(source, copy)
+    cap = clouseau.load(copy)
+    lazy, ds = cap.array("0"), cap.to_torch_dataset("0")
+    picked = np.sort(np.random.default_rng(trial).choice(len(expected), 300, replace=False))
+    reads = [
+        (lambda: lazy[:], expected),
+        (lambda: lazy[picked], expected[picked]),
+        (lambda: ds[picked.tolist()].numpy(), expected[picked]),
+        (lambda: np.concatenate(list(cap.iter_batches("0", 256, shuffle=False))), expected),
+    ]
+    counts["ok" if np.array_equal(lazy[:], expected) else "wrong"] += 1  # before the cut
+    cutter = threading.Thread(target=cut, args=(sorted(copy.glob("*.safetensors")),
+                                                rng.uniform(0, 0.05)))
+    cutter.start()
+    for step in range(40):
+        read, want = reads[step % len(reads)]
+        try:
+            got = read()
+        except clouseau.CaptureError:
+            counts["refused"] += 1
+        else:
+            counts["ok" if np.array_equal(got, want) else "wrong"] += 1
+    cutter.join()
+    shutil.rmtree(copy)
+print(json.dumps(counts))
+"""
+
+
+def test_a_file_cut_during_reads_is_an_error_or_its_values_never_a_signal(
+    tmp_path: Path,
+) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 4096)).eval()
+    data = [torch.randn(256, 16) for _ in range(8)]  # 4 MiB a call, 32 MiB in all
+    path = tmp_path / "cap"
+    clouseau.record(model, data, select="0", path=path, progress=False)
+    with torch.no_grad():
+        eager = np.concatenate([model(x).numpy() for x in data])
+    np.testing.assert_array_equal(np.asarray(clouseau.load(path).array("0")), eager)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_CUT_DURING_READS), str(path), str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])  # SIGBUS is -7
+    counts = json.loads(done.stdout.splitlines()[-1])
+    assert counts["wrong"] == 0, counts
+    assert counts["refused"] > 0 and counts["ok"] > 0, counts
