@@ -33,10 +33,14 @@ from tests.store.util import (
 # A child that writes calls of three 2 MiB arrays (value 10*call+j) into 64 MiB files until
 # told to stop; it prints "ready" once its first file is complete. After its calls it
 # waits for the signal with the capture open: a child that could finish first (a parent
-# slow to send the signal on a busy machine) would exit before it, stderr empty.
+# slow to send the signal on a busy machine) would exit before it, stderr empty. It sets
+# Python's SIGINT handler itself: a process started with SIGINT ignored (any command run
+# with `&` from a script, as a suite run in the background is) passes SIG_IGN on, and
+# Python then installs no KeyboardInterrupt handler, so the signal did nothing.
 WRITER_CHILD = """
-import sys, time
+import signal, sys, time
 import numpy as np
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from clouseau.ir.sink import SavedValue
 from clouseau.store import DirectorySink
 
