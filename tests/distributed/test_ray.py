@@ -46,17 +46,6 @@ def hard_timeout():
     signal.signal(signal.SIGALRM, previous)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 def _dataset():
     rows = torch.cat(workload.batches()).numpy()  # 24 rows: 3 blocks of 8, batches of 4
     return ray.data.from_items([{"x": row} for row in rows], override_num_blocks=3)

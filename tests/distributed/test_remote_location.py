@@ -125,13 +125,6 @@ def _run(path, select=workload.SELECT, calls=None, **options):
     return fmodel
 
 
-def _assert_equals_eager(cap) -> None:
-    assert cap.calls == tuple(range(workload.BATCHES))
-    for call, eager in enumerate(workload.eager_points()):
-        for name in workload.SELECT:
-            np.testing.assert_allclose(cap.get(name, call=call), eager[name].numpy(), rtol=1e-6)
-
-
 def test_only_listed_files_are_replaced_and_only_after_the_trace(s3, staging, tmp_path) -> None:
     url = f"s3://{BUCKET}/owned"
     weights = tmp_path / "model.safetensors"  # the user's weights (not clouseau's format)
@@ -143,7 +136,7 @@ def test_only_listed_files_are_replaced_and_only_after_the_trace(s3, staging, tm
     with pytest.raises(clouseau.SelectionError):
         _run(url, select="no_such_point")
     assert {p: s3.cat_file(p) for p in s3.find(f"{BUCKET}/owned")} == before
-    _assert_equals_eager(clouseau.load(url, strict=True))
+    workload.assert_equals_eager(clouseau.load(url, strict=True))
     _run(url, select="fc1", calls=workload.batches()[:1])  # traces: replaces its own files
     assert s3.cat_file(f"{BUCKET}/owned/model.safetensors") == weights.read_bytes()
     assert s3.exists(f"{BUCKET}/owned/graph-notes.json")
@@ -160,7 +153,7 @@ def test_a_second_writer_on_one_url_is_refused(s3, staging) -> None:
     with torch.no_grad(), first:
         for batch in workload.batches():
             first(batch)
-    _assert_equals_eager(clouseau.load(url, strict=True))
+    workload.assert_equals_eager(clouseau.load(url, strict=True))
     assert not s3.exists(f"{BUCKET}/two/.clouseau.lock")
     _run(url)  # released: a later writer is accepted
     assert list(staging.iterdir()) == []
@@ -230,7 +223,7 @@ def test_an_endpoint_that_stops_answering_fails_close_within_the_timeout(
         assert "the endpoint does not answer" in message
         assert "the whole capture is still on local disk in" in message
         local = message.rsplit("on local disk in ", 1)[1].split()[0].rstrip(".")
-        _assert_equals_eager(clouseau.load(local, strict=True))
+        workload.assert_equals_eager(clouseau.load(local, strict=True))
     finally:
         proxy.stop()
 
@@ -255,12 +248,12 @@ def test_record_to_a_url_uploads_and_writes_nothing_locally(s3, tmp_path, monkey
     assert not (tmp_path / "s3:").exists() and list(tmp_path.iterdir()) == []
     remote = clouseau.load(url, strict=True)
     assert remote.complete
-    _assert_equals_eager(remote)
-    _assert_equals_eager(cap)
+    workload.assert_equals_eager(remote)
+    workload.assert_equals_eager(cap)
     before = {p: s3.cat_file(p) for p in s3.find(f"{BUCKET}/record")}
     # Resuming a finished recording at the URL changes nothing there.
     again = clouseau.record(workload.model(), workload.batches(), path=url, resume=True, **options)
-    _assert_equals_eager(again)
+    workload.assert_equals_eager(again)
     after = {p: s3.cat_file(p) for p in s3.find(f"{BUCKET}/record")}
     assert {k: v for k, v in after.items() if not k.endswith(".clouseau.lock")} == {
         k: v for k, v in before.items() if not k.endswith(".clouseau.lock")
@@ -278,3 +271,24 @@ def test_refused_credentials_are_named(s3, monkeypatch, staging) -> None:
     ):
         clouseau.instrument(workload.model(), select="fc1", path=f"s3://{BUCKET}/creds")
     assert list(staging.iterdir()) == []
+
+
+@pytest.mark.slow  # starting Ray alone takes 10-20 s here
+def test_ray_record_to_a_url_uploads_and_writes_nothing_locally(
+    cluster, s3, tmp_path, monkeypatch
+) -> None:
+    # Issue 26, item 6: ray.record(path="s3://...") wrote a local directory named "s3:".
+    ray = pytest.importorskip("ray")
+    monkeypatch.chdir(tmp_path)
+    url = f"s3://{BUCKET}/ray"
+    rows = torch.cat(workload.batches()).numpy()
+    dataset = ray.data.from_items([{"x": row} for row in rows], override_num_blocks=3)
+    cap = clouseau.ray.record(
+        dataset, workload.model, select=workload.SELECT, path=url, concurrency=2,
+        batch_size=workload.BATCH_SIZE, num_cpus=0.5,
+    )  # fmt: skip
+    assert list(tmp_path.iterdir()) == []  # no "s3:" directory, nothing else either
+    remote = clouseau.load(url, strict=True)
+    assert remote.complete
+    workload.assert_equals_eager(remote)
+    workload.assert_equals_eager(cap)

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 import clouseau
@@ -22,31 +21,19 @@ WORKER = "tests/distributed/_location_worker.py"
 SELECT = ",".join(workload.SELECT)
 
 
-def _snapshot(path):
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name != ".clouseau.lock")
-    return {p.relative_to(path).as_posix(): p.read_bytes() for p in files}
-
-
-def _assert_equals_eager(cap) -> None:
-    assert cap.calls == tuple(range(workload.BATCHES))
-    for call, eager in enumerate(workload.eager_points()):
-        for name in workload.SELECT:
-            np.testing.assert_allclose(cap.get(name, call=call), eager[name].numpy(), rtol=1e-6)
-
-
 def test_a_failed_rerun_with_fewer_ranks_keeps_the_capture_and_the_users_file(tmp_path):
     path = tmp_path / "run"
     done = torchrun(WORKER, "instrument", str(path), SELECT)
     assert done.returncode == 0, done.stdout[-4000:]
     mine = path / "rank-00001" / "my-notes.txt"
     mine.write_text("mine")
-    before = _snapshot(path)
+    before = workload.snapshot(path)
     failed = torchrun(WORKER, "instrument", str(path), "no_such_point", nproc=1)
     assert failed.returncode != 0 and "refused:" in failed.stdout
-    assert _snapshot(path) == before
+    assert workload.snapshot(path) == before
     cap = clouseau.load(path)
     assert cap.complete and cap.world_size == 2
-    _assert_equals_eager(cap)
+    workload.assert_equals_eager(cap)
     # A run with one rank that traces replaces the capture: rank 1's own files go, the
     # user's file stays (and load names the part it keeps).
     again = torchrun(WORKER, "instrument", str(path), SELECT, nproc=1)
@@ -57,7 +44,7 @@ def test_a_failed_rerun_with_fewer_ranks_keeps_the_capture_and_the_users_file(tm
         clouseau.load(path)
     mine.unlink()
     (path / "rank-00001").rmdir()
-    _assert_equals_eager(clouseau.load(path))
+    workload.assert_equals_eager(clouseau.load(path))
 
 
 def test_a_second_record_on_a_running_recording_is_refused_before_it_touches_anything(
@@ -90,7 +77,7 @@ def test_a_second_record_on_a_running_recording_is_refused_before_it_touches_any
     assert first.returncode == 0, out[-4000:]
     cap = clouseau.load(path)
     assert cap.complete and cap.missing_ranks == ()
-    _assert_equals_eager(cap)
+    workload.assert_equals_eager(cap)
     assert json.loads(manifest.read_text())["complete"] is True
 
 
@@ -102,4 +89,4 @@ def test_every_rank_recording_the_whole_data_is_warned_once(tmp_path):
     assert "data[rank::world_size]" in done.stdout
     split = torchrun(WORKER, "record", str(tmp_path / "split"), SELECT)
     assert split.returncode == 0 and "SameBatchesWarning" not in split.stdout
-    _assert_equals_eager(clouseau.load(tmp_path / "split"))
+    workload.assert_equals_eager(clouseau.load(tmp_path / "split"))

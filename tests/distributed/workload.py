@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 import torch
 
 BATCHES = 6
@@ -55,3 +59,17 @@ def eager_points() -> list[dict[str, torch.Tensor]]:
             net(batch)
             out.append(dict(seen))
     return out
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    """Every file below ``path`` (but the lock) and its bytes: what a refused run must keep."""
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name != ".clouseau.lock")
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in files}
+
+
+def assert_equals_eager(cap: Any) -> None:
+    """``cap`` holds every batch's selected points, equal to forward hooks on the eager model."""
+    assert cap.calls == tuple(range(BATCHES))
+    for call, eager in enumerate(eager_points()):
+        for name in SELECT:
+            np.testing.assert_allclose(cap.get(name, call=call), eager[name].numpy(), rtol=1e-6)
