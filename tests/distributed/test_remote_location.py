@@ -198,33 +198,63 @@ def test_an_exit_without_close_uploads_every_call(s3, moto, tmp_path) -> None:
     assert list(child_tmp.iterdir()) == []  # the staging directory is gone
 
 
+HANG_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    import fsspec, torch
+    import clouseau
+    from tests.distributed import workload
+
+    fsspec.config.conf["s3"] = {"endpoint_url": sys.argv[2], "key": "testing",
+                                "secret": "testing"}
+    fmodel = clouseau.instrument(workload.model(), select=workload.SELECT, path=sys.argv[1],
+                                 max_size_mb=0.001, timeout_s=3)
+    with torch.no_grad():
+        for batch in workload.batches():
+            fmodel(batch)
+    print("written", flush=True)
+    sys.stdin.readline()  # the parent has frozen the endpoint
+    started = time.monotonic()
+    try:
+        fmodel.close()
+    except clouseau.CaptureError as err:
+        print(f"{time.monotonic() - started:.1f}", str(err).replace(chr(10), " "), flush=True)
+    else:
+        print("closed without an error", flush=True)
+    """
+)
+
+
 def test_an_endpoint_that_stops_answering_fails_close_within_the_timeout(
-    moto, monkeypatch, staging
+    moto, monkeypatch, tmp_path
 ) -> None:
+    # In a child with a time limit: a close() that hung would fail the test, not stop it.
     proxy = FreezableProxy(("127.0.0.1", moto))
+    child = None
     try:
         conf = _configure(monkeypatch, f"http://127.0.0.1:{proxy.port}")
         fs = fsspec.filesystem("s3", skip_instance_cache=True, **conf)
         if not fs.exists(BUCKET):
             fs.mkdir(BUCKET)
-        url = f"s3://{BUCKET}/hang"
-        fmodel = clouseau.instrument(
-            workload.model(), select=workload.SELECT, path=url, max_size_mb=0.001, timeout_s=3
-        )
-        with torch.no_grad():
-            for batch in workload.batches():
-                fmodel(batch)
+        child = subprocess.Popen(
+            [sys.executable, "-c", HANG_CHILD, f"s3://{BUCKET}/hang", conf["endpoint_url"]],
+            cwd=ROOT, env={**env(), "TMPDIR": str(tmp_path), "AWS_DEFAULT_REGION": "us-east-1"},
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "written", child.stderr
         proxy.frozen.set()
-        started = time.monotonic()
-        with pytest.raises(clouseau.CaptureError) as caught:
-            fmodel.close()
-        assert time.monotonic() - started < 60
-        message = str(caught.value)
-        assert "the endpoint does not answer" in message
+        out, err = child.communicate("go\n", timeout=120)
+        seconds, message = out.strip().split(" ", 1)
+        assert float(seconds) < 60, out
+        assert "the endpoint does not answer" in message, (out, err[-2000:])
         assert "the whole capture is still on local disk in" in message
         local = message.rsplit("on local disk in ", 1)[1].split()[0].rstrip(".")
         workload.assert_equals_eager(clouseau.load(local, strict=True))
     finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.communicate()
         proxy.stop()
 
 
