@@ -71,10 +71,9 @@ def main() -> None:
     ended = time.perf_counter()  # closing waits for every rank (the manifest)
     if distributed:
         dist.destroy_process_group()
-    # FSDP2's device mesh (and the hooks of fmodel) still hold the process group, whose
-    # gloo threads hold their last work: freed now, while Python runs, not at interpreter
-    # exit, where freeing that work's tensors aborts the process ("terminate called
-    # without an active exception").
+    # The models go while Python runs, not at interpreter exit. (The gloo group's own
+    # threads outlive destroy_process_group once torch.export has traced a model in this
+    # process, with or without clouseau; clouseau leaves no thread of its own running.)
     del fmodel, net
     gc.collect()
     if rank == 0:
