@@ -34,9 +34,10 @@ from tests.store.util import (
 # told to stop; it prints "ready" once its first file is complete. After its calls it
 # waits for the signal with the capture open: a child that could finish first (a parent
 # slow to send the signal on a busy machine) would exit before it, stderr empty. It sets
-# Python's SIGINT handler itself: a process started with SIGINT ignored (any command run
-# with `&` from a script, as a suite run in the background is) passes SIG_IGN on, and
-# Python then installs no KeyboardInterrupt handler, so the signal did nothing.
+# Python's SIGINT handler itself, so that it does not depend on what it inherits: a process
+# whose parent ignores SIGINT (a command run with `&` from a script) inherits SIG_IGN, and
+# Python then installs no KeyboardInterrupt handler (pytest sets its own, so this guards
+# the child run from any other parent).
 WRITER_CHILD = """
 import signal, sys, time
 import numpy as np
