@@ -115,11 +115,11 @@ import os, sys, numpy as np, clouseau
 from pathlib import Path
 cap = clouseau.load(sys.argv[1])
 lazy = cap.array("fc1")
-first = lazy[0]  # the file is mapped now
+first = lazy[0]  # the files are open now
 ds = cap.to_torch_dataset("fc1")
 ds[0]
 for file in Path(sys.argv[1]).glob("*.safetensors"):
-    os.truncate(file, 64)  # shrunk in place, under the maps
+    os.truncate(file, 64)  # shrunk in place, under the open readers
 for read in (lambda: lazy[1], lambda: next(cap.iter_batches("fc1", 2)), lambda: ds[1],
              lambda: cap.get("fc1", call=0)):
     try:
