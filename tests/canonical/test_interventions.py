@@ -39,15 +39,17 @@ def test_an_intervention_on_a_canonical_name_changes_the_model_like_a_hook() -> 
 
 
 @contextmanager
-def _patched_softmax(layer: int, fn: Callable[[torch.Tensor], torch.Tensor], *, before: bool):
-    """The eager attention's softmax of block ``layer`` (its ``layer``-th call in a
-    forward: GPT-2 and Llama call it once per block, nowhere else) with ``fn`` applied to
-    its output (the pattern) or, ``before``, to its input (the scores)."""
+def _patched_softmax(
+    layer: int, fn: Callable[[torch.Tensor], torch.Tensor], *, before: bool, blocks: int = 2
+):
+    """The eager attention's softmax of block ``layer`` (its ``layer``-th call of each
+    forward of ``blocks`` blocks: GPT-2 and Llama call it once per block, nowhere else)
+    with ``fn`` applied to its output (the pattern) or, ``before``, to its input."""
     real = torch.nn.functional.softmax
     calls = iter(range(1 << 30))
 
     def softmax(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        if next(calls) != layer:
+        if next(calls) % blocks != layer:
             return real(x, *args, **kwargs)
         return real(fn(x), *args, **kwargs) if before else fn(real(x, *args, **kwargs))
 
@@ -106,6 +108,28 @@ def test_an_intervention_on_a_computed_pattern_is_the_eager_patch(
         torch.testing.assert_close(got, want, rtol=0, atol=TOL)
         assert (got - plain).abs().max() > 10 * TOL  # the intervention reached the outputs
     verify(fmodel.captured.graph)
+
+
+def test_an_intervention_on_a_computed_pattern_applies_at_every_generation_step() -> None:
+    fam = BY_NAME["llama"]
+    model = fam.model("sdpa")
+    eager = fam.model("eager")
+    eager.load_state_dict(model.state_dict())
+    ids = fam.inputs()["input_ids"]
+    kw = {"max_new_tokens": 3, "do_sample": False}
+    with torch.no_grad(), _patched_softmax(0, _ablate_head_1, before=False):
+        want = eager.generate(ids, **kw, output_logits=True, return_dict_in_generate=True)
+    fmodel = clouseau.instrument(
+        model, select="logits", path=None,
+        intervene={"blocks.0.attn.pattern": clouseau.replace(_ablate_head_1)},
+    )  # fmt: skip
+    with torch.no_grad():
+        got = fmodel.generate(ids, **kw)
+    assert torch.equal(got, want.sequences)
+    cap = fmodel.captured
+    for step, logits in zip(cap.calls, want.logits, strict=True):
+        last = torch.from_numpy(cap.get("logits", call=step))[:, -1]
+        torch.testing.assert_close(last, logits, rtol=0, atol=TOL)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
