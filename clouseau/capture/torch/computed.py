@@ -93,6 +93,13 @@ def _softmax(x: torch.Tensor, axis: int) -> torch.Tensor:
     return torch.softmax(x, dim=axis, dtype=torch.float32).to(x.dtype)
 
 
+def softmax_node(graph: fx.Graph, x: fx.Node, axis: int = -1) -> fx.Node:
+    """A computed point's softmax of ``x`` over ``axis`` (at ``graph``'s insertion point)."""
+    node = _emit(graph, Op.SOFTMAX, [x], {"axis": axis})
+    node.meta[COMPUTED_META] = True
+    return node
+
+
 def _layer_norm(x: torch.Tensor, *params: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.nn.functional.layer_norm(x, x.shape[-1:], *params, eps=eps)
 

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 
 import torch.fx as fx
 
-from clouseau.capture.torch.computed import lower_computed, replayed
+from clouseau.capture.torch.computed import lower_computed, replayed, softmax_node
 from clouseau.ir.computed import is_computed
 from clouseau.ir.computed_attention import decomposition
 from clouseau.ir.errors import SelectionError
-from clouseau.ir.graph import INSTRUMENTATION, Graph, Node
+from clouseau.ir.graph import INSTRUMENTATION, AttrValue, Graph, Node
 
 
 def decomposable(node: Node) -> bool:
@@ -63,8 +63,16 @@ def lower_computed_points(
     order = {n: i for i, n in enumerate(fx_graph.nodes)}
     placeholders = [n for n in fx_graph.nodes if n.op == "placeholder"]
     emitted: dict[str, fx.Node] = {}
+    scores: dict[AttrValue, fx.Node] = {}  # by kernel: its computed scores, where emitted
     for node in graph.nodes:
         if not is_computed(node) or node.name not in needed:
+            continue
+        kernel, what = node.attr("kernel"), node.attr("attention")
+        if what == "pattern" and kernel in scores:
+            # Both selected: the pattern is the softmax of the scores, not a second q @ k^T.
+            with fx_graph.inserting_before(scores[kernel].next):
+                emitted[node.name] = softmax_node(fx_graph, scores[kernel])
+            values[node.name] = emitted[node.name]
             continue
         inputs = [values[r.node] for r in node.inputs]
         # After its inputs and every node it replays (a replay reads what they read).
@@ -75,6 +83,8 @@ def lower_computed_points(
         with fx_graph.inserting_before(anchor.next):
             emitted[node.name] = lower_computed(fx_graph, node, inputs, fx_nodes, keys)
         values[node.name] = emitted[node.name]
+        if what == "scores":
+            scores[kernel] = emitted[node.name]
     return emitted
 
 
