@@ -77,10 +77,12 @@ def _halve(scores: torch.Tensor) -> torch.Tensor:
 
 
 def _eager_patched(family: Family, model: torch.nn.Module, layer: int, fn, before: bool):
+    """The eager model's logits and attention weights with ``fn`` patched in."""
     eager = family.model("eager")
     eager.load_state_dict(model.state_dict())
     with torch.no_grad(), _patched_softmax(layer, fn, before=before):
-        return eager(**family.inputs()).logits
+        out = eager(**family.inputs(), output_attentions=True)
+    return out.logits, out.attentions[layer]
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -96,17 +98,21 @@ def test_an_intervention_on_a_computed_pattern_is_the_eager_patch(
     fam = BY_NAME[family]
     model = fam.model("sdpa")
     layer, before = int(name.split(".")[1]), name.endswith("scores")
-    want = _eager_patched(fam, model, layer, fn, before)
+    want, weights = _eager_patched(fam, model, layer, fn, before)
     with torch.no_grad():
         plain = model(**fam.inputs()).logits
+    pattern = f"blocks.{layer}.attn.pattern"
     fmodel = clouseau.instrument(
-        model, select=name, path=None, intervene={name: clouseau.replace(fn)}
+        model, select=[name, pattern], path=None, intervene={name: clouseau.replace(fn)}
     )
-    for _ in range(2):  # the first call (instrumented, not probed live) and a later one
+    for call in range(2):  # the first call (instrumented, not probed live) and a later one
         with torch.no_grad():
             got = fmodel(**fam.inputs()).logits
         torch.testing.assert_close(got, want, rtol=0, atol=TOL)
         assert (got - plain).abs().max() > 10 * TOL  # the intervention reached the outputs
+        if before:  # the pattern beside intervened scores is their softmax
+            seen = torch.from_numpy(fmodel.captured.get(pattern, call=call))
+            torch.testing.assert_close(seen, weights, rtol=0, atol=1e-6)
     verify(fmodel.captured.graph)
 
 
