@@ -38,7 +38,7 @@ class Op(enum.Enum):
     ADD = "add"  # a + b, or a + attr scalar
     MUL = "mul"  # a * b, or a * attr scalar
     TANH = "tanh"
-    SOFTMAX = "softmax"  # over attr axis, in float32, cast back
+    SOFTMAX = "softmax"  # over attr axis, in float32, cast back; a row of only -inf is 0
     LAYER_NORM = "layer_norm"  # over the last axis; inputs x[, weight[, bias]]; attr eps
     RMS_NORM = "rms_norm"  # over the last axis; inputs x[, weight]; attr eps
     RESHAPE = "reshape"  # to attr shape

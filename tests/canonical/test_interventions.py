@@ -172,3 +172,29 @@ def test_scores_and_pattern_of_one_kernel_are_refused_together() -> None:
     )  # fmt: skip
     with pytest.raises(clouseau.SelectionError, match=r"both.*one clouseau.replace"):
         fmodel(**family.inputs())
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_padded_batch_keeps_its_outputs_through_the_decomposition(family: str) -> None:
+    fam = BY_NAME[family]
+    model = fam.model("sdpa")
+    eager = fam.model("eager")
+    eager.load_state_dict(model.state_dict())
+    ids = torch.tensor([[5, 17, 42, 8, 33, 3], [1, 1, 42, 8, 33, 3]])
+    inputs = {"input_ids": ids, "attention_mask": torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]])}
+    with torch.no_grad():
+        plain = model(**inputs).logits
+        weights = eager(**inputs, output_attentions=True).attentions[0]
+    fmodel = clouseau.instrument(
+        model, select="blocks.0.attn.pattern", path=None,
+        intervene={"pattern": clouseau.scale(1.0)},
+    )  # fmt: skip
+    with torch.no_grad():
+        got = fmodel(**inputs).logits
+    # A padding query attends to nothing: its pattern row is 0 (the kernel's output for
+    # it), not NaN, so nothing spreads to the other positions through their values.
+    torch.testing.assert_close(got, plain, rtol=0, atol=TOL)
+    pattern = torch.from_numpy(fmodel.captured["blocks.0.attn.pattern"])
+    torch.testing.assert_close(pattern[0], weights[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(pattern[1, :, 2:], weights[1, :, 2:], rtol=0, atol=1e-6)
+    assert torch.equal(pattern[1, :, :2], torch.zeros_like(pattern[1, :, :2]))

@@ -90,7 +90,9 @@ def _stack(*xs: torch.Tensor, axis: int) -> torch.Tensor:
 
 
 def _softmax(x: torch.Tensor, axis: int) -> torch.Tensor:
-    return torch.softmax(x, dim=axis, dtype=torch.float32).to(x.dtype)
+    # A row of only -inf (a query that may attend to nothing: padding) is 0, not NaN: what
+    # the fused kernel computes for it, and no NaN reaches the model through a decomposition.
+    return torch.softmax(x, dim=axis, dtype=torch.float32).nan_to_num_(0.0).to(x.dtype)
 
 
 def softmax_node(graph: fx.Graph, x: fx.Node, axis: int = -1) -> fx.Node:
