@@ -13,7 +13,7 @@ import torch
 
 import clouseau
 from clouseau.ir.verify import verify
-from tests.canonical.families import BY_NAME, Family
+from tests.canonical.families import BY_NAME, FAMILIES, Family, first_tensor
 
 #: The decomposition (scores, softmax, pattern @ v as separate ops) rounds differently
 #: from the fused kernel's blocked, online softmax; float32 rounding, through two blocks.
@@ -138,18 +138,19 @@ def test_an_intervention_on_a_computed_pattern_applies_at_every_generation_step(
         torch.testing.assert_close(last, logits, rtol=0, atol=TOL)
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_an_identity_intervention_on_every_pattern_keeps_the_outputs(family: str) -> None:
-    fam = BY_NAME[family]
+@pytest.mark.parametrize("fam", [f for f in FAMILIES if f.fused], ids=lambda f: f.name)
+def test_an_identity_intervention_on_every_pattern_keeps_the_outputs(fam: Family) -> None:
+    # Every family's kernel options (causal, grouped-query and multi-query heads, sliding
+    # windows, T5's relative bias and cross-attention, no mask) through the decomposition.
     model = fam.model("sdpa")
     with torch.no_grad():
-        plain = model(**fam.inputs()).logits
+        plain = first_tensor(model(**fam.inputs()))
     fmodel = clouseau.instrument(
-        model, select="logits", path=None, intervene={"pattern": clouseau.scale(1.0)}
+        model, select="resid_post", path=None, intervene={"pattern": clouseau.scale(1.0)}
     )
     for _ in range(2):
         with torch.no_grad():
-            got = fmodel(**fam.inputs()).logits
+            got = first_tensor(fmodel(**fam.inputs()))
         torch.testing.assert_close(got, plain, rtol=0, atol=TOL)
 
 
