@@ -18,17 +18,23 @@ LAYERS = 2
 def _resid_posts(model: torch.nn.Module, run) -> list[list[torch.Tensor]]:
     """Each block's output, per forward call of ``run()`` (one per generation step)."""
     seen: list[list[torch.Tensor]] = [[] for _ in range(LAYERS)]
-    handles = [
-        block.register_forward_hook(lambda m, a, out, i=i: seen[i].append(first_tensor(out)))
-        for i, block in enumerate(model.transformer.h)
-    ]
+    _run_hooked(
+        [
+            block.register_forward_hook(lambda m, a, out, i=i: seen[i].append(first_tensor(out)))
+            for i, block in enumerate(model.transformer.h)
+        ],
+        run,
+    )
+    return seen
+
+
+def _run_hooked(handles: list[torch.utils.hooks.RemovableHandle], run) -> None:
     try:
         with torch.no_grad():
             run()
     finally:
         for handle in handles:
             handle.remove()
-    return seen
 
 
 def _lens(model: torch.nn.Module, resid: torch.Tensor) -> torch.Tensor:
@@ -73,19 +79,12 @@ def _head_outs(model: torch.nn.Module, run) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
 
     def hook(proj, args) -> None:
-        z = args[0]  # [batch, pos, head * d_head]
-        heads = z.shape[-1] // (z.shape[-1] // model.config.n_head)
-        per = z.unflatten(-1, (heads, -1))
+        heads = model.config.n_head
+        per = args[0].unflatten(-1, (heads, -1))  # [batch, pos, head, d_head]
         w = proj.weight.unflatten(0, (heads, -1))  # [head, d_head, d_model]
         found.append(torch.einsum("bphd,hdm->bphm", per, w))
 
-    handles = [b.attn.c_proj.register_forward_pre_hook(hook) for b in model.transformer.h]
-    try:
-        with torch.no_grad():
-            run()
-    finally:
-        for handle in handles:
-            handle.remove()
+    _run_hooked([b.attn.c_proj.register_forward_pre_hook(hook) for b in model.transformer.h], run)
     return found
 
 
