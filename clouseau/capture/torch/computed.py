@@ -48,12 +48,18 @@ def _mask_fill(x: torch.Tensor, mask: torch.Tensor, value: float) -> torch.Tenso
 
 def _mask_fill_(x: torch.Tensor, mask: torch.Tensor, value: float) -> torch.Tensor:
     if value == float("-inf"):
-        # Adding a [.., 1, q, k] bias of 0 and -inf is exact (x + 0 is x, x - inf is -inf)
-        # and, broadcast over the heads, cheaper than a masked fill over every head.
-        return x.add_(
-            torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, value)
-        )
+        # Adding a bias of 0 and -inf is exact (x + 0 is x, x - inf is -inf) and, built
+        # once for what the mask broadcasts (heads, a batch it is expanded over), cheaper
+        # than a masked fill of every head.
+        mask = _compact(mask)
+        bias = torch.zeros(mask.shape, dtype=x.dtype, device=x.device)
+        return x.add_(bias.masked_fill_(~mask, value))
     return x.masked_fill_(~mask, value)
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with each axis it is expanded over (stride 0) of size 1: the same values."""
+    return t[tuple(slice(0, 1) if st == 0 else slice(None) for st in t.stride())]
 
 
 def _causal_fill(x: torch.Tensor, value: float, offset: int) -> torch.Tensor:
