@@ -110,9 +110,10 @@ def test_an_intervention_on_a_computed_pattern_is_the_eager_patch(
             got = fmodel(**fam.inputs()).logits
         torch.testing.assert_close(got, want, rtol=0, atol=TOL)
         assert (got - plain).abs().max() > 10 * TOL  # the intervention reached the outputs
-        if before:  # the pattern beside intervened scores is their softmax
-            seen = torch.from_numpy(fmodel.captured.get(pattern, call=call))
-            torch.testing.assert_close(seen, weights, rtol=0, atol=1e-6)
+        # The saved pattern is the one the model read: intervened, or the softmax of the
+        # intervened scores.
+        seen = torch.from_numpy(fmodel.captured.get(pattern, call=call))
+        torch.testing.assert_close(seen, weights, rtol=0, atol=1e-6)
     verify(fmodel.captured.graph)
 
 

@@ -214,11 +214,8 @@ def _private(program: Graph) -> set[str]:
             or (Op(s.op) in _VIEWS and s.inputs[0].node in fresh and reads[s.inputs[0].node] == 1)
         ):
             fresh.add(s.name)
-    return {name for name in fresh if reads.get(name) == 1 and name not in _outputs(program)}
-
-
-def _outputs(program: Graph) -> set[str]:
-    return {r.node for s in program.nodes if s.kind is NodeKind.OUTPUT for r in s.inputs}
+    outputs = {r.node for s in program.nodes if s.kind is NodeKind.OUTPUT for r in s.inputs}
+    return {name for name in fresh if reads.get(name) == 1 and name not in outputs}
 
 
 def _in_place_keeps(program: Graph, step: Node) -> bool:

@@ -98,7 +98,8 @@ def decompose_intervened(
         target = graph.node(node.inputs[0].node)
         if not (is_computed(target) and decomposable(target)):
             continue
-        kernel = values[str(target.attr("kernel"))]
+        kernel_name = str(target.attr("kernel"))
+        kernel = values[kernel_name]
         program = decomposition(graph, target, node.inputs[0], f"{target.name}.decomposed")
         if program is None:
             raise SelectionError(
@@ -112,4 +113,4 @@ def decompose_intervened(
             out = lower_computed(fx_graph, program, inputs, fx_nodes, keys)
         kernel.replace_all_uses_with(out)
         fx_graph.erase_node(kernel)
-        values[target.attr("kernel")] = out  # type: ignore[index]
+        values[kernel_name] = out
