@@ -35,10 +35,15 @@ def canonical_costs(cfg: Config) -> Report:
          "implementation saving its own pattern", 1.0, _patterns(sdpa, eager, ids)),
         ("every block's output selected by canonical name (blocks.*.resid_post) vs by "
          "module path", 1.1, _names(sdpa, ids)),
+        # No target: why the first row can miss one on a CPU, whose fused kernel may cost
+        # more than the whole eager attention (a GPU's costs a fraction of it).
+        ("the plain SDPA model vs the plain eager-attention model (nothing captured)", None,
+         _plain(sdpa, eager, ids)),
     ):  # fmt: skip
         ratio, ours, base = _ratio(*pair, reps=reps)
         rows.append([label, fmt_s(base), fmt_s(ours), f"{ratio:.3g}x"])
-        report.checks.append(Check(label, ratio, limit, "<="))
+        if limit is not None:
+            report.checks.append(Check(label, ratio, limit, "<="))
     report.tables.append(
         Table(
             "Medians (seconds) and the median ratio", ["row", "baseline", "clouseau", "ratio"], rows
@@ -61,6 +66,10 @@ def _patterns(sdpa: Any, eager: Any, ids: torch.Tensor) -> tuple[Step, Step]:
     ours(ids, use_cache=False)
     theirs(ids, use_cache=False)
     return (lambda: ours(ids, use_cache=False)), (lambda: theirs(ids, use_cache=False))
+
+
+def _plain(sdpa: Any, eager: Any, ids: torch.Tensor) -> tuple[Step, Step]:
+    return (lambda: sdpa(ids, use_cache=False)), (lambda: eager(ids, use_cache=False))
 
 
 def _names(model: Any, ids: torch.Tensor) -> tuple[Step, Step]:

@@ -38,7 +38,7 @@ class Op(enum.Enum):
     ADD = "add"  # a + b, or a + attr scalar
     MUL = "mul"  # a * b, or a * attr scalar
     TANH = "tanh"
-    SOFTMAX = "softmax"  # over attr axis, in float32, cast back
+    SOFTMAX = "softmax"  # over attr axis, in float32, cast back; a row of only -inf is 0
     LAYER_NORM = "layer_norm"  # over the last axis; inputs x[, weight[, bias]]; attr eps
     RMS_NORM = "rms_norm"  # over the last axis; inputs x[, weight]; attr eps
     RESHAPE = "reshape"  # to attr shape
@@ -73,7 +73,7 @@ class Program:
         assert isinstance(spec, TensorSpec)
         return spec
 
-    def op(self, op: Op, inputs: Sequence[Ref], shape: Sequence[int], **attrs: AttrValue) -> Ref:
+    def op(self, op: Op, inputs: Sequence[Ref], shape: Sequence[int], /, **attrs: AttrValue) -> Ref:
         """Append ``op`` on ``inputs`` producing ``shape`` (the dtype of the first input)."""
         spec = TensorSpec(tuple(shape), self.spec(inputs[0]).dtype)
         name = f"{op.value}_{len(self._nodes)}"
@@ -98,6 +98,9 @@ class Program:
     def add(self, x: Ref, y: Ref) -> Ref:
         return self.op(Op.ADD, (x, y), _broadcast(self.spec(x).shape, self.spec(y).shape))
 
+    def reshape(self, x: Ref, shape: Sequence[int]) -> Ref:
+        return self.op(Op.RESHAPE, (x,), shape, shape=tuple(shape))
+
     def softmax(self, x: Ref, axis: int = -1) -> Ref:
         return self.op(Op.SOFTMAX, (x,), self.spec(x).shape, axis=axis)
 
@@ -115,8 +118,17 @@ class Program:
     def replay(self, x: Ref, nodes: Sequence[str], source: str, shape: Sequence[int]) -> Ref:
         return self.op(Op.REPLAY, (x,), shape, nodes=tuple(nodes), source=source)
 
-    def node(self, name: str, out: Ref, *, inputs: Sequence[Ref], module: str = "") -> Node:
-        """The computed point ``name``: this program's value ``out`` of model values ``inputs``."""
+    def node(
+        self,
+        name: str,
+        out: Ref,
+        *,
+        inputs: Sequence[Ref],
+        module: str = "",
+        attrs: tuple[tuple[str, AttrValue], ...] = (),
+    ) -> Node:
+        """The computed point ``name``: this program's value ``out`` of model values ``inputs``
+        (``attrs``: what a pass needs to know of it besides its program)."""
         spec = self.spec(out)
         program = Graph(
             nodes=(*self._nodes, Node("out", NodeKind.OUTPUT, "output", inputs=(out,))),
@@ -130,7 +142,7 @@ class Program:
             outputs=(spec,),
             module=module,
             # Computing it costs work: a bare "*" does not select it (selection.NAMED).
-            attrs=(("point", "named"),),
+            attrs=(("point", "named"), *attrs),
             subgraphs=(program,),
         )
 

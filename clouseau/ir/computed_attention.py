@@ -4,8 +4,8 @@ and pattern of a fused kernel, computed beside it from its own inputs and option
 A fused kernel's node carries its options as attrs (set by the frontend that traced it):
 ``scale`` (None: ``1/sqrt(d_head)``), ``is_causal``, ``mask`` (the index of its mask
 among the node's inputs, -1 for none) and ``dropout_p``. The pattern is
-``softmax(q @ k^T * scale + mask)`` with grouped-query key heads repeated, a boolean mask
-or causality filling ``-inf`` (TransformerLens' convention for masked scores) and a float
+``softmax(q @ k^T * scale + mask)`` (each group of grouped-query heads reading its key
+head as it is), a boolean mask or causality filling ``-inf`` (TransformerLens' convention for masked scores) and a float
 mask (ALiBi, relative position biases, sliding windows) added: what the kernel computes
 inside, so it equals the eager attention's weights to rounding.
 """
@@ -47,6 +47,21 @@ def _heads_last(graph: Graph, source: Ref, name: str, module: str) -> Node | Non
     return program.node(name, out, inputs=(source,), module=module)
 
 
+def grouped_matmul(p: Program, x: Ref, y: Ref) -> Ref:
+    """``x @ y`` over heads, where ``y`` has fewer (grouped-query) heads than ``x``.
+
+    Each group of ``x``'s heads that share one of ``y``'s is one matrix of ``group * rows``
+    rows: ``y`` is read as it is, never repeated per head.
+    """
+    xs, ys = p.spec(x).shape, p.spec(y).shape
+    batch, heads, rows, _ = xs
+    groups = ys[1]
+    if groups == heads:
+        return p.matmul(x, y)
+    grouped = p.reshape(x, (batch, groups, heads // groups * rows, xs[-1]))
+    return p.reshape(p.matmul(grouped, y), (batch, heads, rows, ys[-1]))
+
+
 def _pattern(
     graph: Graph, kernel: Node, attention: Attention, name: str, *, softmax: bool
 ) -> Node | None:
@@ -65,15 +80,12 @@ def _pattern(
     if mask is not None and mask_spec is not None:
         inputs.append(mask)
     p = Program(tuple(specs))
-    key = p.input(1)
     heads, kv_heads = q_spec.shape[1], k_spec.shape[1]
-    if kv_heads != heads:
-        if heads % kv_heads:
-            return None
-        key = p.repeat(key, heads // kv_heads, axis=1)
+    if heads % kv_heads:
+        return None
     scale = attrs["scale"]
     factor = float(scale) if scale is not None else 1.0 / math.sqrt(q_spec.shape[-1])
-    scores = p.scale(p.matmul(p.input(0), p.transpose(key, -2, -1)), factor)
+    scores = p.scale(grouped_matmul(p, p.input(0), p.transpose(p.input(1), -2, -1)), factor)
     if attrs["is_causal"]:
         scores = p.causal_fill(scores, "-inf")
     if mask_spec is not None:
@@ -82,4 +94,31 @@ def _pattern(
         else:
             scores = p.add(scores, p.input(2))
     out = p.softmax(scores) if softmax else scores
-    return p.node(name, out, inputs=tuple(inputs), module=kernel.module)
+    what = "pattern" if softmax else "scores"
+    return p.node(
+        name, out, inputs=tuple(inputs), module=kernel.module,
+        attrs=(("kernel", kernel.name), ("attention", what)),
+    )  # fmt: skip
+
+
+def decomposition(graph: Graph, point: Node, value: Ref, name: str) -> Node | None:
+    """What the fused kernel of ``point`` (a computed pattern or scores) computes, from
+    ``value`` in its place: ``softmax(scores) @ v``, or ``pattern @ v``.
+
+    The computation an intervention on a computed pattern runs instead of the kernel, so
+    that the intervened value is what the model reads (``None``: ``point`` has no kernel).
+    """
+    kernel_name, what = point.attr("kernel"), point.attr("attention")
+    if not isinstance(kernel_name, str) or what not in ("scores", "pattern"):
+        return None
+    kernel = graph.node(kernel_name)
+    v, spec = kernel.inputs[2], _spec(graph, value)
+    v_spec, out_spec = _spec(graph, v), _spec(graph, Ref(kernel.name))
+    if spec is None or v_spec is None or out_spec is None or len(v_spec.shape) != 4:
+        return None
+    p = Program((spec, v_spec))
+    weights = p.softmax(p.input(0)) if what == "scores" else p.input(0)
+    out = grouped_matmul(p, weights, p.input(1))
+    if p.spec(out).shape != out_spec.shape:
+        return None
+    return p.node(name, out, inputs=(value, v), module=kernel.module)

@@ -113,3 +113,49 @@ def test_t5_generation_steps_keep_decoder_names() -> None:
         pattern = cap.get(name, call=call)
         assert pattern.shape[-1] == family.inputs()["input_ids"].shape[-1]
         assert abs(pattern.sum(-1) - 1).max() < 1e-5
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if not f.fused], ids=lambda f: f.name)
+def test_families_without_sdpa_have_their_own_softmax_as_pattern(family: Family) -> None:
+    # transformers 5.24 refuses SDPA for them (Gemma2: logit softcapping, Bloom: ALiBi in
+    # its own baddbmm): docs/canonical.md says so; their pattern is the model's softmax.
+    with pytest.raises(ValueError, match="does not support an attention implementation"):
+        family.build("sdpa")
+    model = family.model("eager")
+    with torch.no_grad():
+        want = model(**family.inputs(), output_attentions=True).attentions
+    fmodel = clouseau.instrument(model, select=["pattern", "scores"], path=None)
+    with torch.no_grad():
+        fmodel(**family.inputs())
+    cap = fmodel.captured
+    for i, weights in enumerate(want):
+        name = f"blocks.{i}.attn.pattern"
+        assert cap.graph.node(cap.graph.point(name).ref.node).op != "computed"
+        assert torch.equal(torch.from_numpy(cap[name]), weights)
+        scores = torch.from_numpy(cap[f"blocks.{i}.attn.scores"])
+        torch.testing.assert_close(torch.softmax(scores, -1), weights, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_scores_and_pattern_together_compute_scores_once(family: str) -> None:
+    from clouseau.capture.torch.computed import COMPUTED_META
+    from clouseau.capture.torch.lower import lower
+
+    fam = next(f for f in FUSED if f.name == family)
+    model = fam.model("sdpa")
+    want = _eager_weights(model, fam)
+    lowered = lower(model, (), fam.inputs(), ["blocks.*.attn.scores", "blocks.*.attn.pattern"])
+    computed = [n for n in lowered.module.graph.nodes if n.meta.get(COMPUTED_META)]
+    # One q @ k^T and one softmax per attention: the pattern is the scores' softmax.
+    assert sum(n.target is torch.matmul for n in computed) == len(want)
+    fmodel = clouseau.instrument(model, select=["scores", "pattern"], path=None)
+    for call in range(2):
+        with torch.no_grad():
+            fmodel(**fam.inputs())
+        for name, weights in want.items():
+            got = torch.from_numpy(fmodel.captured.get(name, call=call))
+            torch.testing.assert_close(got, weights, rtol=0, atol=1e-6)
+            scores = fmodel.captured.get(name.replace("pattern", "scores"), call=call)
+            torch.testing.assert_close(
+                torch.softmax(torch.from_numpy(scores), -1), got, rtol=0, atol=1e-6
+            )

@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 
 from clouseau.ir.computed import Op, program_of
-from clouseau.ir.graph import AttrValue, Node, NodeKind
+from clouseau.ir.graph import AttrValue, Graph, Node, NodeKind, TensorSpec
 
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 #: fx meta key of the nodes a computed point's lowering adds.
@@ -46,10 +46,35 @@ def _mask_fill(x: torch.Tensor, mask: torch.Tensor, value: float) -> torch.Tenso
     return x.masked_fill(~mask, value)
 
 
+def _mask_fill_(x: torch.Tensor, mask: torch.Tensor, value: float) -> torch.Tensor:
+    if value == float("-inf"):
+        # Adding a bias of 0 and -inf is exact (x + 0 is x, x - inf is -inf) and, built
+        # once for what the mask broadcasts (heads, a batch it is expanded over), cheaper
+        # than a masked fill of every head.
+        mask = _compact(mask)
+        bias = torch.zeros(mask.shape, dtype=x.dtype, device=x.device)
+        return x.add_(bias.masked_fill_(~mask, value))
+    return x.masked_fill_(~mask, value)
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with each axis it is expanded over (stride 0) of size 1: the same values."""
+    return t[tuple(slice(0, 1) if st == 0 else slice(None) for st in t.stride())]
+
+
 def _causal_fill(x: torch.Tensor, value: float, offset: int) -> torch.Tensor:
     rows, cols = x.shape[-2], x.shape[-1]
     keep = torch.ones(rows, cols, dtype=torch.bool, device=x.device).tril(offset)
     return x.masked_fill(~keep, value)
+
+
+def _causal_fill_(x: torch.Tensor, value: float, offset: int) -> torch.Tensor:
+    rows, cols = x.shape[-2], x.shape[-1]
+    if value == float("-inf"):  # exact, as in _mask_fill_
+        bias = torch.full((rows, cols), value, dtype=x.dtype, device=x.device).triu_(offset + 1)
+        return x.add_(bias)
+    keep = torch.ones(rows, cols, dtype=torch.bool, device=x.device).tril(offset)
+    return x.masked_fill_(~keep, value)
 
 
 def _keep(x: torch.Tensor, axis: int, index: int) -> torch.Tensor:
@@ -59,12 +84,28 @@ def _keep(x: torch.Tensor, axis: int, index: int) -> torch.Tensor:
     return kept
 
 
+def _repeat(x: torch.Tensor, times: int, axis: int) -> torch.Tensor:
+    """Each slice ``times`` times along ``axis`` (``repeat_interleave``), by a broadcast."""
+    axis %= x.dim()
+    shape = (*x.shape[: axis + 1], times, *x.shape[axis + 1 :])
+    return x.unsqueeze(axis + 1).expand(shape).flatten(axis, axis + 1)
+
+
 def _stack(*xs: torch.Tensor, axis: int) -> torch.Tensor:
     return torch.stack(xs, dim=axis)
 
 
 def _softmax(x: torch.Tensor, axis: int) -> torch.Tensor:
-    return torch.softmax(x, dim=axis, dtype=torch.float32).to(x.dtype)
+    # A row of only -inf (a query that may attend to nothing: padding) is 0, not NaN: what
+    # the fused kernel computes for it, and no NaN reaches the model through a decomposition.
+    return torch.softmax(x, dim=axis, dtype=torch.float32).nan_to_num_(0.0).to(x.dtype)
+
+
+def softmax_node(graph: fx.Graph, x: fx.Node, axis: int = -1) -> fx.Node:
+    """A computed point's softmax of ``x`` over ``axis`` (at ``graph``'s insertion point)."""
+    node = _emit(graph, Op.SOFTMAX, [x], {"axis": axis})
+    node.meta[COMPUTED_META] = True
+    return node
 
 
 def _layer_norm(x: torch.Tensor, *params: torch.Tensor, eps: float) -> torch.Tensor:
@@ -73,6 +114,30 @@ def _layer_norm(x: torch.Tensor, *params: torch.Tensor, eps: float) -> torch.Ten
 
 def _rms_norm(x: torch.Tensor, *params: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.nn.functional.rms_norm(x, x.shape[-1:], *params, eps=eps)
+
+
+#: Ops whose result is a tensor of their own (no view of an input): a later op may
+#: write it in place.
+_FRESH = frozenset({Op.MATMUL, Op.ADD, Op.MUL, Op.TANH, Op.SOFTMAX, Op.LAYER_NORM, Op.RMS_NORM,
+                    Op.SUM, Op.KEEP, Op.STACK, Op.MASK_FILL, Op.CAUSAL_FILL})  # fmt: skip
+
+
+_VIEWS = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.INDEX})
+
+
+def _emit_inplace(
+    graph: fx.Graph, op: Op, args: list[Any], attrs: Mapping[str, Any]
+) -> fx.Node | None:
+    """``op`` writing its first input (a private value no other op reads), where it can."""
+    other = args[1] if len(args) > 1 else attrs.get("scalar")
+    calls: dict[Op, Callable[[], fx.Node]] = {
+        Op.MUL: lambda: graph.call_method("mul_", (args[0], other)),
+        Op.ADD: lambda: graph.call_method("add_", (args[0], other)),
+        Op.MASK_FILL: lambda: graph.call_function(_mask_fill_, (args[0], args[1], float(attrs["value"]))),
+        Op.CAUSAL_FILL: lambda: graph.call_function(_causal_fill_, (args[0], float(attrs["value"]), attrs["offset"])),
+    }  # fmt: skip
+    call = calls.get(op)
+    return call() if call is not None else None
 
 
 def _emit(graph: fx.Graph, op: Op, args: list[Any], attrs: Mapping[str, Any]) -> fx.Node:
@@ -88,7 +153,7 @@ def _emit(graph: fx.Graph, op: Op, args: list[Any], attrs: Mapping[str, Any]) ->
         Op.TRANSPOSE: lambda: graph.call_function(torch.transpose, (args[0], attrs["a"], attrs["b"])),
         Op.INDEX: lambda: graph.call_function(torch.select, (args[0], attrs["axis"], attrs["index"])),
         Op.SUM: lambda: graph.call_function(torch.sum, (args[0], attrs["axis"])),
-        Op.REPEAT: lambda: graph.call_function(torch.repeat_interleave, (args[0], attrs["times"]), {"dim": attrs["axis"]}),
+        Op.REPEAT: lambda: graph.call_function(_repeat, (args[0], attrs["times"], attrs["axis"])),
         Op.KEEP: lambda: graph.call_function(_keep, (args[0], attrs["axis"], attrs["index"])),
         Op.STACK: lambda: graph.call_function(_stack, tuple(args), {"axis": attrs["axis"]}),
         Op.MASK_FILL: lambda: graph.call_function(_mask_fill, (args[0], args[1], float(attrs["value"]))),
@@ -111,7 +176,9 @@ def lower_computed(
     """
     env: dict[str, fx.Node] = {}
     result: fx.Node | None = None
-    for step in program_of(node).nodes:
+    program = program_of(node)
+    private = _private(program)
+    for step in program.nodes:
         if step.kind is NodeKind.INPUT:
             env[step.name] = inputs[int(step.name.removeprefix("in"))]
             continue
@@ -123,10 +190,45 @@ def lower_computed(
         if step.op == Op.REPLAY.value:
             env[step.name] = _replay(graph, args[0], attrs, by_key, keys)
         else:
-            env[step.name] = _emit(graph, Op(step.op), args, attrs)
+            op = Op(step.op)
+            inplace = None
+            if step.inputs[0].node in private and _in_place_keeps(program, step):
+                inplace = _emit_inplace(graph, op, args, attrs)
+            env[step.name] = inplace or _emit(graph, op, args, attrs)
             env[step.name].meta[COMPUTED_META] = True
     assert result is not None
     return result
+
+
+def _private(program: Graph) -> set[str]:
+    """The steps whose value is a tensor of their own that exactly one later step reads."""
+    reads: dict[str, int] = {}
+    for step in program.nodes:
+        for r in step.inputs:
+            reads[r.node] = reads.get(r.node, 0) + 1
+    fresh: set[str] = set()
+    for s in program.nodes:
+        if s.kind is NodeKind.OP and (
+            Op(s.op) in _FRESH
+            # A view of a value of the program's own that nothing else reads.
+            or (Op(s.op) in _VIEWS and s.inputs[0].node in fresh and reads[s.inputs[0].node] == 1)
+        ):
+            fresh.add(s.name)
+    outputs = {r.node for s in program.nodes if s.kind is NodeKind.OUTPUT for r in s.inputs}
+    return {name for name in fresh if reads.get(name) == 1 and name not in outputs}
+
+
+def _in_place_keeps(program: Graph, step: Node) -> bool:
+    """Whether writing the first input in place gives what the op gives out of place:
+    its shape (no broadcast to a larger one) and dtype (no promotion)."""
+    specs = [program.node(r.node).outputs[r.index] for r in step.inputs]
+    if step.op == Op.MASK_FILL.value:
+        specs = specs[:1]  # the mask's own dtype is bool
+    out = step.outputs[0]
+    return all(
+        isinstance(s, TensorSpec) and isinstance(out, TensorSpec) and s.dtype == out.dtype
+        for s in specs
+    ) and getattr(specs[0], "shape", None) == getattr(out, "shape", None)
 
 
 def replayed(node: Node) -> tuple[str, ...]:

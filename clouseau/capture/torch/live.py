@@ -21,6 +21,8 @@ import torch
 from clouseau.capture.torch.intervene import GradEmit, applier
 from clouseau.capture.torch.naming import spec_of
 from clouseau.ir.actions import Action
+from clouseau.ir.computed import is_computed
+from clouseau.ir.errors import SelectionError
 from clouseau.ir.graph import DType, Graph, Ref, TensorSpec
 from clouseau.ir.interventions import (
     GRAD_SUFFIX,
@@ -83,10 +85,12 @@ def live_plan(
     """The plan of ``graph`` (the provisional IR: every value :data:`PROVISIONAL`)."""
     keys = {node.name: node.key for node in graph.nodes}
     every = point_names(graph)
-    actions = {
-        keys[ref.node]: (every[ref], action)
-        for ref, action in chosen_values(graph, intervene or {}).items()
-    }
+    chosen = chosen_values(graph, intervene or {})
+    if any(is_computed(graph.node(ref.node)) for ref in chosen):
+        # A computed pattern is intervened on by replacing its kernel, which the probe
+        # cannot do as it runs: it probes on copies, and the call runs instrumented.
+        raise SelectionError("an intervention on a computed point")
+    actions = {keys[ref.node]: (every[ref], action) for ref, action in chosen.items()}
     by_ref: dict[Ref, list[str]] = {}
     for point in grad_points(graph, select, grads):
         by_ref.setdefault(point.ref, []).append(point.name + GRAD_SUFFIX)

@@ -22,7 +22,11 @@ import torch
 import torch.fx as fx
 
 from clouseau.capture.torch.computed import run_computed
-from clouseau.capture.torch.computed_points import check_not_intervened, lower_computed_points
+from clouseau.capture.torch.computed_points import (
+    check_not_intervened,
+    decompose_intervened,
+    lower_computed_points,
+)
 from clouseau.capture.torch.intervene import applier, grad_tap
 from clouseau.capture.torch.ir_build import TracedModel, trace_model
 from clouseau.capture.torch.live import live_plan
@@ -190,6 +194,7 @@ def _rewrite(traced: TracedModel, rewritten: Rewritten) -> tuple[fx.GraphModule,
         source.replace_all_uses_with(new, delete_user_cb=lambda user, new=new: user is not new)
         replaced[source] = new
         values[node.name] = new
+    decompose_intervened(graph, fx_graph, values, fx_nodes)
     for node in graph.grad_saves:
         value = values[node.inputs[0].node]
         with fx_graph.inserting_after(_anchor(value)):
