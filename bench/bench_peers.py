@@ -389,21 +389,23 @@ def _nnsight_generate(case: Case, mlps: list[str], kwargs: dict[str, Any]) -> Va
     why = pt.missing("nnsight")
     if why:
         return skipped("", why)
-    from nnsight import NNsight
+    import nnsight
 
-    wrapped = NNsight(case.twin()[0])
+    wrapped = pt.nnsight_language_model(case.twin()[0])
     envoys = [functools.reduce(pt._envoy, n.split("."), wrapped) for n in mlps]
+    steps = kwargs["max_new_tokens"]  # min_new_tokens too: every step runs
 
     def step() -> tuple[Any, int]:
-        saved: list[Any] = []
         with wrapped.generate(case.ids, **kwargs) as tracer:
-            with tracer.all():
+            saved = nnsight.save([])
+            # A bounded loop (an open one ends the block at its end, skipping what follows).
+            for _ in tracer.iter[:steps]:
                 for envoy in envoys:
-                    saved.append(envoy.output.save())
-            out = wrapped.generator.output.save()
+                    saved.append(envoy.output)
+            out = tracer.result.save()
         return out, len(saved)
 
-    return Variant("", step=step)
+    return Variant("", step=step, note="TransformersModel over the built model")
 
 
 def _bridge_generate(case: Case, mlps: list[str], new: int) -> Variant:
