@@ -458,11 +458,15 @@ def plot(reports: list[Report], path: Path = PLOT) -> str:
     for report in reports:
         if not report.name.startswith("peers-") or not report.plain:
             continue
+        plain_tool = report.plain.rpartition(": ")[2]
         for r in report.results:
-            if r.ok and r.name != report.plain and "floor" not in r.name:
-                workload, _, tool = r.name.rpartition(": ")
+            workload, _, tool = r.name.rpartition(": ")
+            # A workload with a plain run of its own (a decoder family) is divided by it.
+            own = f"{workload}: {plain_tool}"
+            den = own if workload and report.result(own) is not None else report.plain
+            if r.ok and r.name != den and "floor" not in r.name:
                 label = f"{report.name.removeprefix('peers-')} {workload}".strip()
-                bars.setdefault(label, {})[tool] = report.ratio(r.name, report.plain)
+                bars.setdefault(label, {})[tool] = report.ratio(r.name, den)
     if not bars:
         return "bench/peers.png: not drawn (no peers-* comparison ran)"
     try:
