@@ -138,14 +138,19 @@ class MemorySink:
         calls = self._calls
         with calls.lock:
             calls.check_open()
+            kept = []
             for value in values:
                 array = value.array
-                if type(array) is not np.ndarray or array.dtype not in _NATIVE:
+                if type(array) is not np.ndarray:  # converted once, and kept converted
+                    array = np.asarray(array)
+                    value = SavedValue(value.names, value.node, array, value.index)
+                if array.dtype not in _NATIVE:
                     # Before anything is numbered: a refused dtype saves nothing of the put.
-                    _refuse_dtype(value.name, np.asarray(array).dtype)
+                    _refuse_dtype(value.name, array.dtype)
+                kept.append(value)
             order = calls.order.get(call, 0)
-            calls.order[call] = order + len(values)
-            self._pending.append((call, graph_id, order, tuple(values)))
+            calls.order[call] = order + len(kept)
+            self._pending.append((call, graph_id, order, kept))
 
     def end_call(self, call: int) -> None:
         pass
@@ -182,13 +187,13 @@ class MemorySink:
                 names, index = tuple(value.names), tuple(int(i) for i in value.index)
                 key = tensor_key(names[0], call, index)
                 record = Record(key, names, value.node, call, order + position, graph_id, index)
-                view = storable(np.asarray(value.array)).view()
+                view = storable(value.array).view()
                 view.flags.writeable = False
                 items.append((record, view))
         self._pending.clear()
 
 
-_Put = tuple[int, int, int, tuple[SavedValue, ...]]
+_Put = tuple[int, int, int, list[SavedValue]]
 _NATIVE = frozenset(TO_NUMPY.values())  # the dtypes a file holds as they are
 
 
