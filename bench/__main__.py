@@ -53,6 +53,7 @@ COMPARISONS: dict[str, tuple[str, str, str]] = {
     "peers-memory": ("bench.bench_peers", "memory", ""),
     "peers-disk": ("bench.bench_peers", "disk", ""),
     "peers-generate": ("bench.bench_peers", "generate", ""),
+    "peers-generate-families": ("bench.bench_generate", "families", ""),
     "peers-overhead": ("bench.bench_peers_extra", "overhead", ""),
     "peers-dataset": ("bench.bench_peers_extra", "dataset", ""),
     "peers-torchlens": ("bench.bench_peers_extra", "torchlens", ""),

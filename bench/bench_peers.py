@@ -389,21 +389,23 @@ def _nnsight_generate(case: Case, mlps: list[str], kwargs: dict[str, Any]) -> Va
     why = pt.missing("nnsight")
     if why:
         return skipped("", why)
-    from nnsight import NNsight
+    import nnsight
 
-    wrapped = NNsight(case.twin()[0])
+    wrapped = pt.nnsight_language_model(case.twin()[0])
     envoys = [functools.reduce(pt._envoy, n.split("."), wrapped) for n in mlps]
+    steps = kwargs["max_new_tokens"]  # min_new_tokens too: every step runs
 
     def step() -> tuple[Any, int]:
-        saved: list[Any] = []
         with wrapped.generate(case.ids, **kwargs) as tracer:
-            with tracer.all():
+            saved = nnsight.save([])
+            # A bounded loop (an open one ends the block at its end, skipping what follows).
+            for _ in tracer.iter[:steps]:
                 for envoy in envoys:
-                    saved.append(envoy.output.save())
-            out = wrapped.generator.output.save()
+                    saved.append(envoy.output)
+            out = tracer.result.save()
         return out, len(saved)
 
-    return Variant("", step=step)
+    return Variant("", step=step, note="TransformersModel over the built model")
 
 
 def _bridge_generate(case: Case, mlps: list[str], new: int) -> Variant:
@@ -456,11 +458,15 @@ def plot(reports: list[Report], path: Path = PLOT) -> str:
     for report in reports:
         if not report.name.startswith("peers-") or not report.plain:
             continue
+        plain_tool = report.plain.rpartition(": ")[2]
         for r in report.results:
-            if r.ok and r.name != report.plain and "floor" not in r.name:
-                workload, _, tool = r.name.rpartition(": ")
+            workload, _, tool = r.name.rpartition(": ")
+            # A workload with a plain run of its own (a decoder family) is divided by it.
+            own = f"{workload}: {plain_tool}"
+            den = own if workload and report.result(own) is not None else report.plain
+            if r.ok and r.name != den and "floor" not in r.name:
                 label = f"{report.name.removeprefix('peers-')} {workload}".strip()
-                bars.setdefault(label, {})[tool] = report.ratio(r.name, report.plain)
+                bars.setdefault(label, {})[tool] = report.ratio(r.name, den)
     if not bars:
         return "bench/peers.png: not drawn (no peers-* comparison ran)"
     try:

@@ -30,9 +30,8 @@ from bench.report import Check, Report, Table
 
 
 # -- per-call overhead on a tiny model ---------------------------------------------------------
-class Tiny(torch.nn.Module):
-    """Linear(8, 8), a ReLU module, then tanh: ``fc`` and ``act`` are module outputs (the
-    hook path), ``tanh`` is an op (the traced path)."""
+class Block(torch.nn.Module):
+    """Linear(8, 8), then a ReLU module."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -40,11 +39,24 @@ class Tiny(torch.nn.Module):
         self.act = torch.nn.ReLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.act(self.fc(x)))
+        return self.act(self.fc(x))
 
 
-HOOK_PATH = "clouseau hook path (fc, act)"
-TRACED = "clouseau traced path (fc, tanh)"
+class Tiny(torch.nn.Module):
+    """A :class:`Block`, then tanh: ``block.fc`` and ``block.act`` are module outputs (the
+    hook path: a glob with a dot names module outputs only, while a dotless ``"fc"`` could
+    also name an op, so it is traced), ``tanh`` is an op (the traced path)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Block()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.block(x))
+
+
+HOOK_PATH = "clouseau hook path (block.fc, block.act)"
+TRACED = "clouseau traced path (block.fc, tanh)"
 NONE = "clouseau select=None"
 
 
@@ -64,8 +76,9 @@ def overhead(cfg: Config) -> Report:
         "wraps transformer architectures only, so it has no row here.",
         plain=PLAIN,
     )
-    ref = {"fc": model.fc(x), "act": torch.relu(model.fc(x))}
-    ref_traced = {"fc": ref["fc"], "tanh": model(x)}
+    fc = model.block.fc(x)
+    ref = {"block.fc": fc, "block.act": torch.relu(fc)}
+    ref_traced = {"block.fc": fc, "tanh": model(x)}
 
     def twin() -> torch.nn.Module:
         return copy.deepcopy(model)
@@ -86,10 +99,10 @@ def overhead(cfg: Config) -> Report:
     hooked = twin()
     variants = [
         Variant(PLAIN, step=lambda: model(x)),
-        verified(pt.hooks_variant(HOOKS, lambda: hooked(x), hooked, ["fc", "act"]), ref),
-        verified(pt.nnsight_variant(NNSIGHT, twin(), (x,), ["fc", "act"]), ref),
-        verified(build(HOOK_PATH, lambda: instrumented(["fc", "act"])), ref),
-        verified(build(TRACED, lambda: instrumented(["fc", "tanh"])), ref_traced),
+        verified(pt.hooks_variant(HOOKS, lambda: hooked(x), hooked, [*ref]), ref),
+        verified(pt.nnsight_variant(NNSIGHT, twin(), (x,), [*ref]), ref),
+        verified(build(HOOK_PATH, lambda: instrumented([*ref])), ref),
+        verified(build(TRACED, lambda: instrumented([*ref_traced])), ref_traced),
         build(NONE, lambda: instrumented(None)),
     ]
     # Samples of a few ms (200 steps) are short: more repetitions make up for it.

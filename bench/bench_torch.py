@@ -193,9 +193,11 @@ def clear_memory(fmodel: Any) -> None:
     It reaches into the MemorySink (no public API drops a capture's contents); if that
     attribute changes, the capture merely accumulates, which the sizes here allow.
     """
-    items = getattr(getattr(fmodel, "_sink", None), "_items", None)
-    if isinstance(items, list):
-        items.clear()
+    sink = getattr(fmodel, "_sink", None)
+    for held in ("_items", "_pending"):  # records built, and puts not read yet
+        items = getattr(sink, held, None)
+        if isinstance(items, list):
+            items.clear()
 
 
 def _floor(

@@ -142,6 +142,27 @@ def nnsight_variant(
     return Variant(name, step=step, note=f"{len(names)} modules")
 
 
+def nnsight_language_model(model: nn.Module) -> Any:
+    """nnsight's ``TransformersModel`` over an already built Hugging Face causal LM.
+
+    A bare ``NNsight(model)`` has no generate of its own (``.generate`` is the model's,
+    which returns tokens, not a tracer); ``TransformersModel`` generates under a trace but
+    builds a text-generation pipeline, which wants a tokenizer. The inputs here are token
+    ids, so a word-level tokenizer over the model's vocabulary, made in memory, serves
+    (nothing is downloaded; it never tokenizes anything).
+    """
+    import tokenizers
+    import transformers
+    from nnsight.modeling.transformers import TransformersModel
+
+    vocab = {f"t{i}": i for i in range(model.config.vocab_size)}
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="t0"))
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=words, pad_token="t0", eos_token="t0"
+    )
+    return TransformersModel(model, task="text-generation", tokenizer=tokenizer)
+
+
 def _envoy(parent: Any, part: str) -> Any:
     return parent[int(part)] if part.isdigit() else getattr(parent, part)
 

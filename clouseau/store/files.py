@@ -172,10 +172,15 @@ def write_json(path: Path, data: object, *, replace: bool) -> None:
 
     With ``replace=False`` an existing ``path`` raises FileExistsError.
     """
+    write_bytes(path, json.dumps(data).encode(), replace=replace)
+
+
+def write_bytes(path: Path, data: bytes, *, replace: bool) -> None:
+    """Write ``data`` to ``path`` atomically, as :func:`write_json` does."""
     fd, tmp = temp_file(path.parent, path.name)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(json.dumps(data).encode())
+            f.write(data)
         if replace:
             os.replace(tmp, path)
         else:

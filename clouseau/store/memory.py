@@ -111,11 +111,18 @@ class MemorySink:
 
     Arrays are stored as the files would hold them (little-endian, C-contiguous) and handed
     out read-only, so that reading a capture never changes it.
+
+    Cost: ``put`` runs inside every call of the model, so it only checks the dtypes,
+    numbers the values and keeps the ``SavedValue`` objects it was given, whose arrays
+    are the frontend's own copies; the records and read-only views are made once, when a
+    capture is next read.
     """
 
     def __init__(self) -> None:
         self._calls = Calls()
         self._items: list[tuple[Record, np.ndarray]] = []
+        # Per put not read yet: (call, graph id, order of its first value, values).
+        self._pending: list[_Put] = []
 
     def add_graph(self, graph: Graph) -> int:
         check_saved_dtypes(graph)
@@ -128,11 +135,22 @@ class MemorySink:
             return self._calls.begin()
 
     def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
-        with self._calls.lock:
-            for record, array in self._calls.records(call, graph_id, values):
-                view = storable(array).view()
-                view.flags.writeable = False
-                self._items.append((record, view))
+        calls = self._calls
+        with calls.lock:
+            calls.check_open()
+            kept = []
+            for value in values:
+                array = value.array
+                if type(array) is not np.ndarray:  # converted once, and kept converted
+                    array = np.asarray(array)
+                    value = SavedValue(value.names, value.node, array, value.index)
+                if array.dtype not in _NATIVE:
+                    # Before anything is numbered: a refused dtype saves nothing of the put.
+                    _refuse_dtype(value.name, array.dtype)
+                kept.append(value)
+            order = calls.order.get(call, 0)
+            calls.order[call] = order + len(kept)
+            self._pending.append((call, graph_id, order, kept))
 
     def end_call(self, call: int) -> None:
         pass
@@ -150,6 +168,7 @@ class MemorySink:
 
     def capture(self) -> Capture:
         with self._calls.lock:
+            self._records()
             entries = tuple(Entry(r, _loader(a)) for r, a in self._items)
             return Capture(
                 entries,
@@ -158,6 +177,24 @@ class MemorySink:
                 calls_made=self._calls.next_call,
                 closed=self._calls.closed,
             )
+
+    def _records(self) -> None:
+        """The records of the values put since the last read, in the order they came, and
+        their arrays as the files would hold them, read-only."""
+        items = self._items
+        for call, graph_id, order, values in self._pending:
+            for position, value in enumerate(values):
+                names, index = tuple(value.names), tuple(int(i) for i in value.index)
+                key = tensor_key(names[0], call, index)
+                record = Record(key, names, value.node, call, order + position, graph_id, index)
+                view = storable(value.array).view()
+                view.flags.writeable = False
+                items.append((record, view))
+        self._pending.clear()
+
+
+_Put = tuple[int, int, int, list[SavedValue]]
+_NATIVE = frozenset(TO_NUMPY.values())  # the dtypes a file holds as they are
 
 
 def _loader(array: np.ndarray) -> Callable[[], np.ndarray]:

@@ -18,10 +18,12 @@ rewritten at most every ``flush_s`` seconds and at close.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
@@ -34,7 +36,7 @@ from clouseau.ir.graph import Graph
 from clouseau.ir.sink import SavedValue
 from clouseau.store.capture import Record, encode_record
 from clouseau.store.directory import file_name, read_status
-from clouseau.store.files import write_json
+from clouseau.store.files import write_bytes, write_json
 from clouseau.store.jobs import Item, Job, metadata, probe, span
 from clouseau.store.layout import DEFAULT_PATTERN, FORMAT, STATUS_FILE, graph_file
 from clouseau.store.location import check_clashes, previous_files, remove_previous
@@ -120,7 +122,7 @@ class Core:
             # The file first: a graph id is handed out only once its file is written.
             file = self.path / graph_file(graph_id)
             try:
-                write_json(file, graph.to_json(), replace=False)
+                write_bytes(file, graph_json(graph), replace=False)
             except FileExistsError:
                 raise CaptureError(
                     f"cannot write {file}: a file of that name appeared in the capture "
@@ -460,6 +462,26 @@ def _write_job(job: Job) -> None:
 
 
 _LIVE: weakref.WeakSet[Core] = weakref.WeakSet()
+# The JSON of the last graphs written, by graph object: a new instrumented model of a model
+# seen before writes the very graph an earlier one did (capture/torch/reuse.py), and
+# encoding it again was an eighth of a `with instrument(..., path=DIR)` on the quickstart.
+_GRAPH_JSON: OrderedDict[int, tuple[weakref.ref[Graph], bytes]] = OrderedDict()
+_GRAPH_JSON_LOCK = threading.Lock()
+
+
+def graph_json(graph: Graph) -> bytes:
+    """``graph.to_json()`` as JSON bytes, encoded once per graph object (the last 16)."""
+    with _GRAPH_JSON_LOCK:
+        found = _GRAPH_JSON.get(id(graph))
+        if found is not None and found[0]() is graph:  # ids are reused after a free
+            _GRAPH_JSON.move_to_end(id(graph))
+            return found[1]
+    data = json.dumps(graph.to_json()).encode()
+    with _GRAPH_JSON_LOCK:
+        _GRAPH_JSON[id(graph)] = (weakref.ref(graph), data)
+        while len(_GRAPH_JSON) > 16:
+            _GRAPH_JSON.popitem(last=False)
+    return data
 
 
 def _after_fork_in_child() -> None:

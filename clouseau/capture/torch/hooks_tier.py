@@ -32,6 +32,7 @@ import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from threading import get_ident
 from typing import Any
 
 import torch
@@ -132,7 +133,7 @@ class _Hook:
 
     def __call__(self, module: torch.nn.Module, args: Any, out: Any) -> None:
         owner = self.owner()
-        if owner is not None and owner._thread == threading.get_ident():
+        if owner is not None and owner._call is not None and owner._thread == get_ident():
             owner._record(module, out)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Hook:
@@ -235,7 +236,8 @@ class ModuleHooks:
 
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """One call of the model, its selected module outputs saved as one call."""
-        self._install()
+        if not self._installed:
+            self._install()
         with self._lock:
             self._open(self._model)
             try:
@@ -256,7 +258,7 @@ class ModuleHooks:
             for root in roots:
                 handles.append(root.register_forward_pre_hook(self._root_begins))
                 handles.append(root.register_forward_hook(self._root_ends))
-            self._thread = threading.get_ident()
+            self._thread = get_ident()
             try:
                 yield
             except BaseException as error:
@@ -274,7 +276,7 @@ class ModuleHooks:
         by the caller (the dynamic tier, whose regions save into the same call)."""
         self._install()
         with self._lock:
-            self._thread, self._call, self._root = threading.get_ident(), call, None
+            self._thread, self._call, self._root = get_ident(), call, None
             self._clear()
             try:
                 yield
@@ -288,7 +290,7 @@ class ModuleHooks:
         self._clear()
 
     def _root_begins(self, module: torch.nn.Module, args: Any) -> None:
-        if self._call is None and threading.get_ident() == self._thread:
+        if self._call is None and get_ident() == self._thread:
             self._open(module)
 
     def _root_ends(self, module: torch.nn.Module, args: Any, out: Any) -> None:
@@ -298,7 +300,7 @@ class ModuleHooks:
             self._thread = thread  # still installed: the next step is a call
 
     def _open(self, root: torch.nn.Module) -> None:
-        self._thread, self._root = threading.get_ident(), root
+        self._thread, self._root = get_ident(), root
         self._clear()
         # The first call begins in the sink (which replaces an earlier capture at its
         # path) only at its first selected output: a rerun that fails before, on a wrong
@@ -311,7 +313,7 @@ class ModuleHooks:
         return self._call  # type: ignore[return-value]
 
     def _close(self) -> None:
-        call = self._begin_deferred()
+        call = self._call if self._call != _DEFERRED else self._begin_deferred()
         try:
             self._put(call)
         except BaseException as error:
@@ -329,25 +331,33 @@ class ModuleHooks:
         self._clear()
 
     def _clear(self) -> None:
-        self._met, self._values, self._seen = [], [], {}
+        # A new list of outputs met (the previous one may be ``_last``'s key); the values
+        # are emptied in place, their arrays already handed to the sink.
+        self._met = []
+        self._values.clear()
+        self._seen.clear()
 
     def _record(self, module: torch.nn.Module, out: Any) -> None:
         where = self._where.get(id(module))
-        if where is None or self._call is None:
+        if where is None:
             return
         if self._call == _DEFERRED:
             self._begin_deferred()
-        if isinstance(out, torch.Tensor):
-            elements: tuple[Any, ...] = (("", self._value(out), out.dim(), out.dtype),)
-        else:
-            elements = tuple(
-                (s, self._value(v), v.dim(), v.dtype)
-                for s, v in element_paths(out)
-                if isinstance(v, torch.Tensor)
-            )
-            if not elements:
-                return
-        self._met.append((where, elements))
+        if isinstance(out, torch.Tensor):  # most modules: _value inline, a call less each
+            ident = (id(out), tensor_version(out))
+            found = self._seen.get(ident)
+            if found is None:
+                found = self._seen[ident] = len(self._values)
+                self._values.append((to_numpy(out), out))
+            self._met.append((where, (("", found, out.dim(), out.dtype),)))
+            return
+        elements = tuple(
+            (s, self._value(v), v.dim(), v.dtype)
+            for s, v in element_paths(out)
+            if isinstance(v, torch.Tensor)
+        )
+        if elements:
+            self._met.append((where, elements))
 
     def _value(self, t: torch.Tensor) -> int:
         """The index of ``t``'s value in this call, copied to the host on first sight.

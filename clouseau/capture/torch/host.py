@@ -20,10 +20,20 @@ def saved_values(
 ) -> list[SavedValue]:
     """The values one call saves, paired with their targets. ``first``: the first run's
     values, private to it (no host copy needed)."""
-    return [
-        SavedValue(target.names, target.node, _host(target, value, copy=target.host_copy and not first))
-        for target, value in zip(targets, values, strict=True)
-    ]  # fmt: skip
+    out = []
+    # Runs in every call: a dense tensor of a numpy dtype is converted inline (to_numpy's
+    # common case, one call fewer per value); anything else goes through _host.
+    for target, value in zip(targets, values, strict=True):
+        if type(value) is torch.Tensor and value.dtype not in _BITS and not value.is_meta:
+            array = value.numpy(force=True)
+            if target.host_copy and not first:
+                array = array.copy()  # C order, as to_numpy's copy
+            elif not array.flags.c_contiguous:
+                array = np.asarray(array, order="C")
+        else:
+            array = _host(target, value, copy=target.host_copy and not first)
+        out.append(SavedValue(target.names, target.node, array))
+    return out
 
 
 def _host(target: SaveTarget, value: Any, *, copy: bool) -> np.ndarray:

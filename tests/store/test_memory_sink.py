@@ -1,0 +1,76 @@
+"""The in-memory sink builds its records when a capture is read: reads between puts, and the
+stored form of each array, are those of a directory sink."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clouseau.ir.errors import CaptureError
+from clouseau.store import DirectorySink, MemorySink, load
+from tests.store.util import value
+
+
+def _calls(sink: MemorySink | DirectorySink, arrays: list[np.ndarray]) -> None:
+    """Two calls: two values, then one with an alias and a loop index; a grad-like put
+    into the first call after the second began."""
+    first = sink.begin_call()
+    sink.put(first, 0, [value("a", arrays[0]), value("b", arrays[1])])
+    second = sink.begin_call()
+    sink.put(second, 0, [value("a", arrays[2], (3,), "alias")])
+    sink.put(first, 0, [value("late", arrays[3])])
+    sink.end_call(second)
+    sink.end_call(first)
+
+
+def test_reads_between_puts_match_a_directory_sink(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((2, 3)).astype(np.float32) for _ in range(4)]
+    memory = MemorySink()
+    first = memory.begin_call()
+    memory.put(first, 0, [value("x", arrays[0])])
+    early = memory.capture()  # a read builds the records put so far ...
+    assert [r.key for r in early.records] == ["x#0"]
+    memory.put(first, 0, [value("y", arrays[1])])
+    memory.end_call(first)
+    later = memory.capture()  # ... and the next read adds the later ones, in order
+    assert [(r.key, r.order) for r in later.records] == [("x#0", 0), ("y#0", 1)]
+    np.testing.assert_array_equal(later["y"], arrays[1])
+
+    memory, directory = MemorySink(), DirectorySink(tmp_path)
+    _calls(memory, arrays)
+    _calls(directory, arrays)
+    directory.close()
+    kept, written = memory.capture().records, load(tmp_path).records
+    assert [(r.key, r.names, r.call, r.order, r.index) for r in kept] == [
+        (r.key, r.names, r.call, r.order, r.index) for r in written
+    ]
+
+
+def test_arrays_are_stored_as_the_files_hold_them() -> None:
+    base = np.arange(12, dtype=">f4").reshape(3, 4)  # big-endian, and a strided view of it
+    sink = MemorySink()
+    call = sink.begin_call()
+    sink.put(call, 0, [value("big", base.copy()), value("strided", base.astype("<f4")[:, ::2])])
+    cap = sink.capture()
+    big, strided = cap["big"], cap["strided"]
+    assert big.dtype == np.dtype("<f4") and strided.flags.c_contiguous
+    np.testing.assert_array_equal(big, base)
+    np.testing.assert_array_equal(strided, base[:, ::2])
+    with pytest.raises(ValueError, match="read-only"):
+        big[0, 0] = 1.0
+
+
+def test_a_refused_put_saves_nothing_and_later_puts_keep_their_order() -> None:
+    sink = MemorySink()
+    call = sink.begin_call()
+    sink.put(call, 0, [value("ok", np.ones(2, np.float32))])
+    with pytest.raises(CaptureError, match="cannot store dtype complex128"):
+        sink.put(call, 0, [value("fine", np.ones(2)), value("bad", np.ones(2, np.complex128))])
+    sink.put(call, 0, [value("after", np.zeros(2, np.float32))])
+    assert [(r.key, r.order) for r in sink.capture().records] == [("ok#0", 0), ("after#0", 1)]
+    sink.close()
+    with pytest.raises(CaptureError, match="closed"):
+        sink.put(call, 0, [value("closed", np.ones(2, np.float32))])
