@@ -91,13 +91,15 @@ def attention_of(index: GraphIndex, kernel: Node, output: Ref) -> Attention | No
         q, k, v, out, scores = found
         pattern, mask, fused = Ref(kernel.name), None, False
     shape = index.shape(out)
-    heads = shape[1] if shape and len(shape) == 4 else 0
+    # A kernel in the [batch, pos, head, d_head] layout (jax's) returns z itself.
+    bshd = kernel.attr("layout") == "bshd"
+    heads = shape[2 if bshd else 1] if shape and len(shape) == 4 else 0
     d_head = (index.shape(q) or (0,))[-1]
     return Attention(
         kernel=kernel.name, fused=fused, q=q, k=k, v=v, out=out, output=output,
         q_heads=_head_view(index, q, d_head), k_heads=_head_view(index, k, d_head),
-        v_heads=_head_view(index, v, d_head), z=_z(index, out, heads), scores=scores,
-        pattern=pattern, mask=mask,
+        v_heads=_head_view(index, v, d_head), z=out if bshd else _z(index, out, heads),
+        scores=scores, pattern=pattern, mask=mask,
     )  # fmt: skip
 
 

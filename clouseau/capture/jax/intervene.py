@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from clouseau.capture.jax import receivers
+from clouseau.capture.jax.computed import check_not_intervened
 from clouseau.capture.jax.interpret import Stream
 from clouseau.capture.jax.jaxpr_trace import Traced
 from clouseau.capture.jax.lower import begin_call, emitter, run_call, stream_emitter
@@ -61,6 +62,7 @@ _OPS = JaxOps()
 
 def intervention_rewrites(graph: Graph, actions: Mapping[str, Action]) -> tuple[Rewrite, ...]:
     """The rewrites applying the actions of ``graph``'s intervene nodes at their producers."""
+    check_not_intervened(graph)
     rewrites = []
     for node in graph.interventions:
         ref = producer_of(graph, node.inputs[0])
@@ -94,7 +96,7 @@ def grad_emitting(traced: Traced, plan: Plan, graph: Graph, graph_id: int, sink:
             for key, output, names, node in sites
         ]
         tapped = plan.with_rewrites(taps)
-        outs, saved = run_call(closed, tapped, arrays, replace(stream, call=call))
+        outs, saved = run_call(closed, tapped, arrays, replace(stream, call=call), graph)
         values = [jax.lax.stop_gradient(v) for v in saved]
         emitter(partial(receivers.deliver, sink, graph_id, plan, plan.top))(call, *values)
         return outs
