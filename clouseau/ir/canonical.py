@@ -279,12 +279,13 @@ def _stack(index: GraphIndex, path: str, blocks: tuple[Block, ...]) -> Stack:
 def _embeddings(index: GraphIndex, pre: Ref) -> tuple[Ref | None, Ref | None]:
     """The token (or patch) embedding and the learned position embedding of a stack."""
     cone = ancestors(index, pre)
-    # A table lookup: an embedding op, or (JAX) a gather from a parameter by the input ids.
+    # A table lookup: an embedding op, or (JAX) a gather or take (nnx.Embed) from a
+    # parameter by the input ids.
     lookups = [
         n
         for n in cone
         if n.op == "embedding"
-        or (n.op == "gather" and n.inputs and n.inputs[0].node in index.static)
+        or (n.op in ("gather", "take") and n.inputs and n.inputs[0].node in index.static)
     ]
     token = next(
         (n for n in lookups if n.name not in index.static and _reads_input(index, n)), None

@@ -209,7 +209,7 @@ class _Builder:
             if name.startswith(FN_MARK):
                 return self._opaque(name[len(FN_MARK) :], eqn, key, refs, local)
             if name.startswith(KERNEL_MARK):
-                return self._kernel(int(name[len(KERNEL_MARK) :]), eqn, key, refs, local)
+                return self._kernel(int(name[len(KERNEL_MARK) :]), eqn, key, inputs, local)
             if _is_jax_function(inner):
                 return self._opaque(clean(name), eqn, key, refs, local)
             path = self.namer_peek(join(local.prefix, clean(name)))
@@ -274,13 +274,18 @@ class _Builder:
         return [Ref(ref.node, i) for i in range(len(eqn.outvars))]
 
     def _kernel(
-        self, index: int, eqn: Any, key: str, refs: tuple[Ref, ...], scope: Scope
+        self, index: int, eqn: Any, key: str, inputs: list[Ref | None], scope: Scope
     ) -> list[Ref | None]:
-        """A fused kernel call: one node with the options a computed pattern reads."""
+        """A fused kernel call: its ops (selectable, as before), then a node of its own.
+
+        Like a scan's, the kernel's node comes after its body's and holds its results,
+        with the options a computed pattern reads (computed_kernels); its body's nodes
+        count its FLOPs.
+        """
         op, attrs = self.traced.kernels[index]
-        ref = self.add(op, NodeKind.OP, op, refs, tuple(eqn.outvars), scope, key,
-                       source=_source(eqn), attrs=attrs)  # fmt: skip
-        return [Ref(ref.node, i) for i in range(len(eqn.outvars))]
+        name = self.namer_peek(join(scope.prefix, op))
+        self._sub(eqn.params["jaxpr"].jaxpr, inputs, key, replace(scope, prefix=name))
+        return self._control(name, op, eqn, key, inputs, scope, attrs)
 
     def _alias_outputs(self, outs: list[Ref | None], path: str, *, reserved: bool = False) -> None:
         tensors = [r for r in outs if r is not None]

@@ -5,7 +5,7 @@ as :mod:`~clouseau.capture.jax.activations` swaps the activations); a call is tr
 through a ``jax.jit`` named :data:`KERNEL_MARK` ``<i>``, and the options of call ``i``
 (its scale, causality, which input is its bias or boolean mask) become the attrs of
 its IR node, the ones :mod:`clouseau.ir.computed_attention` computes a pattern from.
-The kernel itself runs unchanged (cuDNN's or XLA's), so the model's outputs stay bitwise.
+The kernel itself runs unchanged (cuDNN's or XLA's; its ops are nodes as before), so the outputs stay bitwise.
 Its layout is ``[batch, pos, head, d_head]`` (attr ``layout="bshd"``), grouped-query key
 heads with ``head // (heads // kv_heads)`` as their key head.
 

@@ -320,11 +320,11 @@ def _mark_activation(
 ) -> Any:
     if getattr(_local, "in_activation", False):
         return fn(*args, **kwargs)
+    if name in computed_kernels.KERNELS:  # its softmax inside stays marked
+        arrays = split((args, kwargs)).arrays
+        return computed_kernels.call(name, fn, args, kwargs, arrays, call_marked)
     _local.in_activation = True
     try:
-        if name in computed_kernels.KERNELS:
-            arrays = split((args, kwargs)).arrays
-            return computed_kernels.call(name, fn, args, kwargs, arrays, call_marked)
         return call_marked(FN_MARK + name, fn, args, kwargs)
     finally:
         _local.in_activation = False
