@@ -185,3 +185,12 @@ def test_intervening_on_a_computed_point_is_refused() -> None:
     )
     with pytest.raises(clouseau.SelectionError, match="computed beside the model"):
         fmodel(X)
+
+
+def test_exporting_a_computed_point_to_onnx_is_refused(tmp_path: Any) -> None:
+    pytest.importorskip("onnx")
+    from clouseau.exporters.onnx_jax import UnsupportedOpError
+
+    model = GqaModel(jax.random.key(0))
+    with pytest.raises(UnsupportedOpError, match=r"blocks\.0\.logit_lens.*computed point"):
+        clouseau.export_onnx(model, (X,), tmp_path / "m.onnx", select="blocks.0.logit_lens")
