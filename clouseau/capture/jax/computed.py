@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from clouseau.capture.jax import _compat
 from clouseau.capture.jax.keys import parse_key
-from clouseau.ir.computed import Op, is_computed, program_of
+from clouseau.ir.computed import Op, program_of
 from clouseau.ir.errors import SelectionError, TraceError
 from clouseau.ir.graph import Graph, Node, NodeKind, Ref
 
@@ -43,18 +43,14 @@ def reads(graph: Graph, node: Node) -> tuple[Ref, ...]:
     return tuple(found)
 
 
-def check_not_intervened(graph: Graph) -> None:
-    """Refuse an intervention on a computed point: no equation of the model reads it."""
-    for node in graph.interventions:
-        target = graph.node(node.inputs[0].node)
-        if is_computed(target):
-            raise SelectionError(
-                f"clouseau cannot intervene on {target.name!r} in JAX: it is computed "
-                "beside the model from the values it reads (a fused attention's pattern, a "
-                "layout or view the model never builds), so no equation of the model reads "
-                "it. Intervene on a value the model holds instead (blocks.*.attn.z where "
-                "the model has it, blocks.*.attn_out)."
-            )
+def refusal(name: str) -> SelectionError:
+    """The error of an intervention on the computed point ``name``: nothing reads it."""
+    return SelectionError(
+        f"clouseau cannot intervene on {name!r} in JAX: it is computed beside the model "
+        "from the values it reads (a fused attention's pattern, a layout or view the model "
+        "never builds), so no equation of the model reads it. Intervene on a value the "
+        "model holds instead (blocks.*.attn.z where the model has it, blocks.*.attn_out)."
+    )
 
 
 def fill(closed: Any, graph: Graph, plan: Plan, saved: dict[int, Any]) -> None:

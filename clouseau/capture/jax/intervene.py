@@ -27,12 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from clouseau.capture.jax import receivers
-from clouseau.capture.jax.computed import check_not_intervened
+from clouseau.capture.jax.computed import refusal
 from clouseau.capture.jax.interpret import Stream
 from clouseau.capture.jax.jaxpr_trace import Traced
 from clouseau.capture.jax.lower import begin_call, emitter, run_call, stream_emitter
 from clouseau.capture.jax.plan import Plan, Rewrite, loops
 from clouseau.ir.actions import Action
+from clouseau.ir.computed import is_computed
 from clouseau.ir.graph import Graph
 from clouseau.ir.passes import producer_of
 from clouseau.ir.sink import SavedValue, Sink
@@ -62,10 +63,11 @@ _OPS = JaxOps()
 
 def intervention_rewrites(graph: Graph, actions: Mapping[str, Action]) -> tuple[Rewrite, ...]:
     """The rewrites applying the actions of ``graph``'s intervene nodes at their producers."""
-    check_not_intervened(graph)
     rewrites = []
     for node in graph.interventions:
         ref = producer_of(graph, node.inputs[0])
+        if is_computed(graph.node(ref.node)):
+            raise refusal(ref.node)
         fn = partial(actions[node.name].apply, ops=_OPS)
         rewrites.append(Rewrite(graph.node(ref.node).key, ref.index, fn))
     return tuple(rewrites)
