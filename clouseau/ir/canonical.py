@@ -360,6 +360,14 @@ def _to_output(index: GraphIndex, ref: Ref, returned: Iterable[Ref]) -> Ref:
             return cur
         users = [u for u in index.users.get(cur.node, ()) if u.kind is NodeKind.OP]
         if len(users) != 1 or index.shape(Ref(users[0].name)) != index.shape(cur):
-            return ref
+            return _projection_output(index, ref)
         cur = Ref(users[0].name)
-    return cur if cur in returned else ref
+    return cur if cur in returned else _projection_output(index, ref)
+
+
+def _projection_output(index: GraphIndex, ref: Ref) -> Ref:
+    """What the projection's module returns (its bias added): the logits where the model's
+    return does not show them (a model called in the body of a JAX ``lax.scan``)."""
+    module = index.node(ref).module
+    out = index.module_output(module) if module else None
+    return out if out is not None and index.shape(out) == index.shape(ref) else ref

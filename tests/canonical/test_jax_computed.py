@@ -194,3 +194,29 @@ def test_exporting_a_computed_point_to_onnx_is_refused(tmp_path: Any) -> None:
     model = GqaModel(jax.random.key(0))
     with pytest.raises(UnsupportedOpError, match=r"blocks\.0\.logit_lens.*computed point"):
         clouseau.export_onnx(model, (X,), tmp_path / "m.onnx", select="blocks.0.logit_lens")
+
+
+class Steps(eqx.Module):
+    """The model called in the body of its own ``lax.scan``, once per step."""
+
+    inner: GqaModel
+
+    def __call__(self, xs: jax.Array) -> jax.Array:
+        return jax.lax.scan(lambda c, x: (c, self.inner(x)), 0.0, xs)[1]
+
+
+def test_computed_points_inside_the_models_scan_are_per_iteration() -> None:
+    model = Steps(GqaModel(jax.random.key(0)))
+    xs = jax.random.normal(jax.random.key(2), (3, 1, 6, 32))
+    select = ["blocks.*.attn.pattern", "blocks.*.logit_lens"]
+    fmodel = clouseau.instrument(model, select=select, path=None)
+    out = fmodel(xs)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(eqx.filter_jit(model)(xs)))
+    cap = fmodel.captured
+    hand = jax.jit(_gqa_patterns)
+    for i, x in enumerate(xs):  # one value per iteration, the iteration axis in front
+        want = hand(model.inner, x)
+        for b in range(2):
+            name = f"blocks.{b}.attn.pattern"
+            np.testing.assert_allclose(cap[name][i], want[name], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(cap["blocks.1.logit_lens"][i], out[i], rtol=0, atol=1e-6)
