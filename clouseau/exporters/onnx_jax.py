@@ -151,6 +151,12 @@ def export_jax(lowered: Any, opset: int = OPSET) -> tuple[onnx.ModelProto, Graph
     point, named by the point.
     """
     traced, graph, plan = lowered.traced, lowered.graph, lowered.plan
+    if plan.computed:
+        raise UnsupportedOpError(
+            f"cannot export {plan.computed[0].node!r} to ONNX: it is a computed point (a "
+            "logit lens, a per-head output, a fused kernel's pattern), which clouseau does "
+            "not lower to ONNX; select the values it is computed from instead"
+        )
     # Inputs and parameters are not repeated as outputs (ONNX values have one name).
     leaf_kinds = (NodeKind.INPUT, NodeKind.CONSTANT)
     plan = replace(

@@ -279,12 +279,13 @@ def _stack(index: GraphIndex, path: str, blocks: tuple[Block, ...]) -> Stack:
 def _embeddings(index: GraphIndex, pre: Ref) -> tuple[Ref | None, Ref | None]:
     """The token (or patch) embedding and the learned position embedding of a stack."""
     cone = ancestors(index, pre)
-    # A table lookup: an embedding op, or (JAX) a gather from a parameter by the input ids.
+    # A table lookup: an embedding op, or (JAX) a gather or take (nnx.Embed) from a
+    # parameter by the input ids.
     lookups = [
         n
         for n in cone
         if n.op == "embedding"
-        or (n.op == "gather" and n.inputs and n.inputs[0].node in index.static)
+        or (n.op in ("gather", "take") and n.inputs and n.inputs[0].node in index.static)
     ]
     token = next(
         (n for n in lookups if n.name not in index.static and _reads_input(index, n)), None
@@ -359,6 +360,14 @@ def _to_output(index: GraphIndex, ref: Ref, returned: Iterable[Ref]) -> Ref:
             return cur
         users = [u for u in index.users.get(cur.node, ()) if u.kind is NodeKind.OP]
         if len(users) != 1 or index.shape(Ref(users[0].name)) != index.shape(cur):
-            return ref
+            return _projection_output(index, ref)
         cur = Ref(users[0].name)
-    return cur if cur in returned else ref
+    return cur if cur in returned else _projection_output(index, ref)
+
+
+def _projection_output(index: GraphIndex, ref: Ref) -> Ref:
+    """What the projection's module returns (its bias added): the logits where the model's
+    return does not show them (a model called in the body of a JAX ``lax.scan``)."""
+    module = index.node(ref).module
+    out = index.module_output(module) if module else None
+    return out if out is not None and index.shape(out) == index.shape(ref) else ref

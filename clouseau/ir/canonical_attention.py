@@ -91,13 +91,15 @@ def attention_of(index: GraphIndex, kernel: Node, output: Ref) -> Attention | No
         q, k, v, out, scores = found
         pattern, mask, fused = Ref(kernel.name), None, False
     shape = index.shape(out)
-    heads = shape[1] if shape and len(shape) == 4 else 0
+    # A kernel in the [batch, pos, head, d_head] layout (jax's) returns z itself.
+    bshd = kernel.attr("layout") == "bshd"
+    heads = shape[2 if bshd else 1] if shape and len(shape) == 4 else 0
     d_head = (index.shape(q) or (0,))[-1]
     return Attention(
         kernel=kernel.name, fused=fused, q=q, k=k, v=v, out=out, output=output,
-        q_heads=_head_view(index, q, d_head), k_heads=_head_view(index, k, d_head),
-        v_heads=_head_view(index, v, d_head), z=_z(index, out, heads), scores=scores,
-        pattern=pattern, mask=mask,
+        q_heads=_heads(index, q, d_head, bshd), k_heads=_heads(index, k, d_head, bshd),
+        v_heads=_heads(index, v, d_head, bshd), z=out if bshd else _z(index, out, heads),
+        scores=scores, pattern=pattern, mask=mask,
     )  # fmt: skip
 
 
@@ -144,6 +146,11 @@ def _four_d(index: GraphIndex, ref: Ref) -> Ref:
         if user.op in ("view", "reshape") and len(index.shape(Ref(user.name)) or ()) == 4:
             return Ref(user.name)
     return ref
+
+
+def _heads(index: GraphIndex, ref: Ref, d_head: int, bshd: bool) -> Ref | None:
+    """A kernel input's ``[batch, pos, head, d_head]`` value: itself in layout ``bshd``."""
+    return (_head_view(index, ref, d_head) or ref) if bshd else _head_view(index, ref, d_head)
 
 
 def _head_view(index: GraphIndex, ref: Ref, d_head: int) -> Ref | None:

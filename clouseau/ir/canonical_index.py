@@ -20,7 +20,8 @@ PASS_OPS = frozenset(
 ADD_OPS = frozenset({"add", "add_", "iadd"})
 
 
-KERNEL_OPS = frozenset({"scaled_dot_product_attention"})
+# jax.nn.dot_product_attention reads and returns [batch, pos, head, d_head] (attr layout).
+KERNEL_OPS = frozenset({"scaled_dot_product_attention", "dot_product_attention"})
 
 
 SOFTMAX_OPS = frozenset({"softmax", "_softmax", "softmax_"})

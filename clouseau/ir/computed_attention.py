@@ -3,9 +3,11 @@ and pattern of a fused kernel, computed beside it from its own inputs and option
 
 A fused kernel's node carries its options as attrs (set by the frontend that traced it):
 ``scale`` (None: ``1/sqrt(d_head)``), ``is_causal``, ``mask`` (the index of its mask
-among the node's inputs, -1 for none) and ``dropout_p``. The pattern is
+among the node's inputs, -1 for none) and ``dropout_p``; ``layout="bshd"`` where it reads
+``[batch, pos, head, d_head]`` (``jax.nn.dot_product_attention``). The pattern is
 ``softmax(q @ k^T * scale + mask)`` (each group of grouped-query heads reading its key
-head as it is), a boolean mask or causality filling ``-inf`` (TransformerLens' convention for masked scores) and a float
+head as it is), a boolean mask or causality filling ``-inf`` (TransformerLens' convention
+for masked scores) and a float
 mask (ALiBi, relative position biases, sliding windows) added: what the kernel computes
 inside, so it equals the eager attention's weights to rounding.
 """
@@ -80,12 +82,16 @@ def _pattern(
     if mask is not None and mask_spec is not None:
         inputs.append(mask)
     p = Program(tuple(specs))
+    query, key = p.input(0), p.input(1)
+    if attrs.get("layout") == "bshd":  # jax's [batch, pos, head, d_head] kernel
+        query, key = p.transpose(query, 1, 2), p.transpose(key, 1, 2)
+        q_spec, k_spec = p.spec(query), p.spec(key)
     heads, kv_heads = q_spec.shape[1], k_spec.shape[1]
     if heads % kv_heads:
         return None
     scale = attrs["scale"]
     factor = float(scale) if scale is not None else 1.0 / math.sqrt(q_spec.shape[-1])
-    scores = p.scale(grouped_matmul(p, p.input(0), p.transpose(p.input(1), -2, -1)), factor)
+    scores = p.scale(grouped_matmul(p, query, p.transpose(key, -2, -1)), factor)
     if attrs["is_causal"]:
         scores = p.causal_fill(scores, "-inf")
     if mask_spec is not None:

@@ -6,6 +6,8 @@ jaxpr keeps no trace of them, and a model may hold them under any name
 import). For the duration of one trace their code is swapped for a trampoline that calls
 :func:`dispatch`, so every call of the function object, by whatever reference, reaches
 the marker of the tracing thread; other threads run the original code unchanged.
+``jax.nn.dot_product_attention`` is swapped the same way, to be marked as a fused kernel
+(:mod:`~clouseau.capture.jax.computed_kernels`).
 
 The other activations of :data:`~clouseau.capture.jax.naming.ACTIVATIONS` leave their
 own structure in the jaxpr (a ``jit`` named after the function, a ``custom_jvp_call``, or
@@ -24,6 +26,7 @@ from typing import Any
 
 import jax
 
+from clouseau.capture.jax.computed_kernels import KERNELS
 from clouseau.capture.jax.naming import ACTIVATIONS
 
 # handler(name, original function, args, kwargs) -> result
@@ -50,7 +53,7 @@ class _Swap:
 
 def _swaps() -> dict[str, _Swap]:
     found: dict[str, _Swap] = {}
-    for attr in ACTIVATIONS:
+    for attr in (*ACTIVATIONS, *KERNELS):
         fn = getattr(jax.nn, attr, None)
         if not isinstance(fn, types.FunctionType) or fn.__closure__ or fn.__name__ in found:
             continue

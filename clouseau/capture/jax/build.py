@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from clouseau.capture.jax import _compat
+from clouseau.capture.jax.computed_kernels import KERNEL_MARK
 from clouseau.capture.jax.flop_ops import category
 from clouseau.capture.jax.jaxpr_trace import FN_MARK, MODULE_MARK, Traced
 from clouseau.capture.jax.keys import (
@@ -110,8 +111,9 @@ def build_graph(traced: Traced) -> Graph:
         modules=modules,
         meta=(("jax_version", __import__("jax").__version__),),
     )
-    # Canonical names (blocks.0.resid_post, ...) as aliases; no computed points here yet.
-    return verify(add_canonical_names(graph))
+    # Canonical names (blocks.0.resid_post, ...) as aliases, and computed points
+    # (blocks.*.logit_lens, a fused attention's pattern) that capture.jax.computed lowers.
+    return verify(add_canonical_names(graph, computed=True))
 
 
 def _total_params(traced: Traced) -> int:
@@ -206,6 +208,8 @@ class _Builder:
                 return outs
             if name.startswith(FN_MARK):
                 return self._opaque(name[len(FN_MARK) :], eqn, key, refs, local)
+            if name.startswith(KERNEL_MARK):
+                return self._kernel(int(name[len(KERNEL_MARK) :]), eqn, key, inputs, local)
             if _is_jax_function(inner):
                 return self._opaque(clean(name), eqn, key, refs, local)
             path = self.namer_peek(join(local.prefix, clean(name)))
@@ -268,6 +272,20 @@ class _Builder:
             attrs=_attrs(eqn),
         )
         return [Ref(ref.node, i) for i in range(len(eqn.outvars))]
+
+    def _kernel(
+        self, index: int, eqn: Any, key: str, inputs: list[Ref | None], scope: Scope
+    ) -> list[Ref | None]:
+        """A fused kernel call: its ops (selectable, as before), then a node of its own.
+
+        Like a scan's, the kernel's node comes after its body's and holds its results,
+        with the options a computed pattern reads (computed_kernels); its body's nodes
+        count its FLOPs.
+        """
+        op, attrs = self.traced.kernels[index]
+        name = self.namer_peek(join(scope.prefix, op))
+        self._sub(eqn.params["jaxpr"].jaxpr, inputs, key, replace(scope, prefix=name))
+        return self._control(name, op, eqn, key, inputs, scope, attrs)
 
     def _alias_outputs(self, outs: list[Ref | None], path: str, *, reserved: bool = False) -> None:
         tensors = [r for r in outs if r is not None]

@@ -56,6 +56,8 @@ def category(op: str) -> OpCategory | None:
         return OpCategory.CONV
     if op in _NORMS:
         return _NORMS[op]
+    if op == "dot_product_attention":  # the kernel's node: its body's nodes count
+        return OpCategory.FREE
     if "pool" in op:
         return OpCategory.POOL
     if op.startswith("reduce_window"):

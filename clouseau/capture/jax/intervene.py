@@ -27,11 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from clouseau.capture.jax import receivers
+from clouseau.capture.jax.computed import refusal
 from clouseau.capture.jax.interpret import Stream
 from clouseau.capture.jax.jaxpr_trace import Traced
 from clouseau.capture.jax.lower import begin_call, emitter, run_call, stream_emitter
 from clouseau.capture.jax.plan import Plan, Rewrite, loops
 from clouseau.ir.actions import Action
+from clouseau.ir.computed import is_computed
 from clouseau.ir.graph import Graph
 from clouseau.ir.passes import producer_of
 from clouseau.ir.sink import SavedValue, Sink
@@ -64,6 +66,8 @@ def intervention_rewrites(graph: Graph, actions: Mapping[str, Action]) -> tuple[
     rewrites = []
     for node in graph.interventions:
         ref = producer_of(graph, node.inputs[0])
+        if is_computed(graph.node(ref.node)):
+            raise refusal(ref.node)
         fn = partial(actions[node.name].apply, ops=_OPS)
         rewrites.append(Rewrite(graph.node(ref.node).key, ref.index, fn))
     return tuple(rewrites)
@@ -94,7 +98,7 @@ def grad_emitting(traced: Traced, plan: Plan, graph: Graph, graph_id: int, sink:
             for key, output, names, node in sites
         ]
         tapped = plan.with_rewrites(taps)
-        outs, saved = run_call(closed, tapped, arrays, replace(stream, call=call))
+        outs, saved = run_call(closed, tapped, arrays, replace(stream, call=call), graph)
         values = [jax.lax.stop_gradient(v) for v in saved]
         emitter(partial(receivers.deliver, sink, graph_id, plan, plan.top))(call, *values)
         return outs

@@ -43,7 +43,7 @@ from clouseau.capture._common import (
     inputs_rejected,
     user_frame,
 )
-from clouseau.capture.jax import _compat, activations, batch_pin, state
+from clouseau.capture.jax import _compat, activations, batch_pin, computed_kernels, state
 from clouseau.capture.jax.linen import is_linen_apply
 from clouseau.capture.jax.naming import ACTIVATIONS, join, key_name, path_name
 from clouseau.ir.errors import ClouseauError, TraceError
@@ -80,6 +80,8 @@ class Traced:
     state: tuple[int, ...] = ()
     # Per module marker call (the c of its name): how many of its outputs are state.
     marks: tuple[int, ...] = ()
+    # Per fused kernel call (the i of its name): its op and options (computed_kernels).
+    kernels: tuple[tuple[str, computed_kernels.Attrs], ...] = ()
 
     def outputs(self, tree: Any, values: Sequence[Any]) -> Any:
         """The model's output from the jaxpr's outputs, writing the state into ``tree``."""
@@ -146,6 +148,7 @@ def trace_jaxpr(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tr
     in_names, in_is_param = _input_names(model, args, kwargs)
     modules: list[ModuleEntry] = []
     marks: list[int] = []
+    kernels: list[tuple[str, computed_kernels.Attrs]] = []
     out_store: dict[str, Any] = {}
 
     def traced(*arrays: Any) -> list[Any]:
@@ -154,7 +157,12 @@ def trace_jaxpr(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tr
         before = state.snapshot(tree)
         registry, objects = _find_modules(tree[0], modules)
         marks.clear()
-        with _markers(_Marking(registry, objects, modules, marks)), batch_pin.root(arrays):
+        kernels.clear()
+        with (
+            _markers(_Marking(registry, objects, modules, marks)),
+            computed_kernels.recording(kernels),
+            batch_pin.root(arrays),
+        ):
             out = tree[0](*a, **k)
         changed = state.changes(tree, before)
         out_parts = split(out)
@@ -188,6 +196,7 @@ def trace_jaxpr(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tr
         name=getattr(model, "__name__", type(model).__name__),
         state=out_store["state"],
         marks=tuple(marks),
+        kernels=tuple(kernels),
     )
 
 
@@ -311,6 +320,9 @@ def _mark_activation(
 ) -> Any:
     if getattr(_local, "in_activation", False):
         return fn(*args, **kwargs)
+    if name in computed_kernels.KERNELS:  # its softmax inside stays marked
+        arrays = split((args, kwargs)).arrays
+        return computed_kernels.call(name, fn, args, kwargs, arrays, call_marked)
     _local.in_activation = True
     try:
         return call_marked(FN_MARK + name, fn, args, kwargs)

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from jax.experimental import io_callback
 
 from clouseau.capture.jax import receivers
+from clouseau.capture.jax.computed import fill
 from clouseau.capture.jax.interpret import Stream, run
 from clouseau.capture.jax.jaxpr_trace import Traced
 from clouseau.capture.jax.plan import Plan, Rewrite, make_plan
@@ -74,7 +75,7 @@ def runnable(
 
     def collect(*arrays: Any) -> tuple[list[Any], list[Any]]:
         call, arrays = (arrays[0], arrays[1:]) if plan.streams else (None, arrays)
-        outs, saved = run_call(closed, plan, arrays, replace(stream, call=call))
+        outs, saved = run_call(closed, plan, arrays, replace(stream, call=call), graph)
         if multiprocess():  # values stay whole: a sharded one is written shard by shard
             layouts[:] = [None]
             return outs, saved
@@ -89,7 +90,7 @@ def runnable(
 
     def emitting(*arrays: Any) -> list[Any]:
         call = begin_call(sink) if plan.streams else jnp.int32(-1)
-        outs, saved = run_call(closed, plan, arrays, replace(stream, call=call))
+        outs, saved = run_call(closed, plan, arrays, replace(stream, call=call), graph)
         values = [jax.lax.stop_gradient(v) for v in saved]
         emitter(partial(receivers.deliver, sink, graph_id, plan, plan.top))(call, *values)
         return outs
@@ -98,11 +99,13 @@ def runnable(
 
 
 def run_call(
-    closed: Any, plan: Plan, arrays: Sequence[Any], stream: Stream
+    closed: Any, plan: Plan, arrays: Sequence[Any], stream: Stream, graph: Graph
 ) -> tuple[list[Any], list[Any]]:
-    """The outputs of the model and the values of ``plan.top``."""
+    """The outputs of the model and the values of ``plan.top`` (of ``graph``'s saves)."""
     saved: dict[int, Any] = {}
     outs = run(closed.jaxpr, closed.consts, arrays, "", plan, saved, stream)
+    if plan.computed:
+        fill(closed, graph, plan, saved)  # after the model: its values stay bitwise
     missing = [plan.slots[i].names or (plan.slots[i].key,) for i in plan.top if i not in saved]
     if missing:
         raise TraceError(

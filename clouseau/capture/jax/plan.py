@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
+from clouseau.capture.jax.computed import reads
 from clouseau.capture.jax.keys import (
     CONTROL,
     LOOPS,
@@ -30,7 +31,8 @@ from clouseau.capture.jax.keys import (
     index_key,
     is_inside,
 )
-from clouseau.ir.graph import Graph
+from clouseau.ir.computed import is_computed
+from clouseau.ir.graph import Graph, Node
 from clouseau.ir.passes import producer_of
 
 
@@ -71,11 +73,22 @@ class Rewrite:
 
 
 @dataclass(frozen=True)
+class Computed:
+    """A saved computed point (:mod:`clouseau.ir.computed`): its slot, filled after the run
+    from the internal slots ``reads`` (see :mod:`~clouseau.capture.jax.computed`)."""
+
+    slot: int
+    node: str
+    reads: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Plan:
     """The saved values (slots) and the rewrites of one instrumented graph."""
 
     slots: tuple[Slot, ...]
     rewrites: tuple[Rewrite, ...] = ()
+    computed: tuple[Computed, ...] = ()
 
     def record(self, key: str, values: Sequence[Any], saved: dict[int, Any]) -> None:
         """Put the values of the slots at ``key`` (an equation or input) in ``saved``."""
@@ -123,8 +136,9 @@ class Plan:
 
     @cached_property
     def top(self) -> tuple[int, ...]:
-        """Slot ids delivered at the end of the call."""
-        return tuple(i for i, s in enumerate(self.slots) if not s.stream)
+        """Slot ids delivered at the end of the call (not what computed points read)."""
+        internal = {i for c in self.computed for i in c.reads}
+        return tuple(i for i, s in enumerate(self.slots) if not s.stream and i not in internal)
 
     @cached_property
     def streams(self) -> bool:
@@ -161,12 +175,27 @@ class _Placer:
         self.hidden: dict[str, int] = {}
 
     def plan(self, rewrites: tuple[Rewrite, ...]) -> Plan:
+        computed: list[Computed] = []
         for save in self.graph.saves:
             ref = producer_of(self.graph, save.inputs[0])
             node = self.graph.node(ref.node)
             names = save.names
+            if is_computed(node):
+                computed.append(self.computed(names, node))
+                continue
             self.slots.append(self.slot(names, node.name, node.key, ref.index))
-        return Plan(tuple(self.slots), rewrites)
+        return Plan(tuple(self.slots), rewrites, tuple(computed))
+
+    def computed(self, names: tuple[str, ...], node: Node) -> Computed:
+        """A computed point's slot, where the deepest value it reads is, and its read slots."""
+        ids = []
+        for ref in reads(self.graph, node):
+            source = self.graph.node(ref.node)
+            ids.append(len(self.slots))
+            self.slots.append(self.slot((), source.name, source.key, ref.index))
+        deepest = max((self.slots[i] for i in ids), key=lambda s: s.loops)
+        self.slots.append(replace(deepest, names=names, node=node.name, key="", output=0))
+        return Computed(len(self.slots) - 1, node.name, tuple(ids))
 
     def slot(
         self, names: tuple[str, ...], node: str, key: str, output: int, where: str = ""
