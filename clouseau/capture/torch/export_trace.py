@@ -184,7 +184,10 @@ def _auto_dims(value: Any) -> Any:
     if type(value) is dict or type(value) is OrderedDict:
         return {k: _auto_dims(v) for k, v in value.items()}
     children = pytree_children(value)  # a cache: the spec follows its flattened children
-    return [_auto_dims(c) for c in children] if children is not None else None
+    if children is None:
+        return None
+    # A cache's int leaf is a per-step counter (``_compat`` lifts it): dynamic as a size.
+    return [torch.export.Dim.AUTO if type(c) is int else _auto_dims(c) for c in children]
 
 
 def _infos(
