@@ -13,9 +13,10 @@ import torch.utils._pytree as _pytree
 TreeSpec = _pytree.TreeSpec
 
 
-def tensor_version(t: torch.Tensor) -> int:
-    """The in-place modification counter of ``t`` (shared by a tensor and its views)."""
-    return t._version
+def tensor_version(t: torch.Tensor) -> int | None:
+    """The in-place modification counter of ``t`` (shared by a tensor and its views);
+    None for an inference tensor, which has none."""
+    return None if t.is_inference() else t._version
 
 
 def forward_hooks_of(module: torch.nn.Module) -> dict[int, Any]:
