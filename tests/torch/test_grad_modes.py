@@ -24,6 +24,8 @@ OUTER: dict[str, Callable[[], Any]] = {
 class GradBlocks(torch.nn.Module):
     """An ``enable_grad`` and a ``no_grad`` block; a shape test torch.fx cannot trace."""
 
+    inner: Callable[[], Any] = staticmethod(torch.no_grad)
+
     def __init__(self) -> None:
         super().__init__()
         self.a = torch.nn.Linear(4, 4)
@@ -34,7 +36,7 @@ class GradBlocks(torch.nn.Module):
             x = x + 1
         with torch.enable_grad():
             y = self.a(x)
-        with torch.no_grad():
+        with self.inner():
             z = self.b(x)
         return y, z, y.sum() * 2
 
@@ -42,14 +44,7 @@ class GradBlocks(torch.nn.Module):
 class InferenceBlock(GradBlocks):
     """An ``inference_mode`` block, which torch.export does not record."""
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if x.shape[0] > 1:
-            x = x + 1
-        with torch.enable_grad():
-            y = self.a(x)
-        with torch.inference_mode():
-            z = self.b(x)
-        return y, z, y.sum() * 2
+    inner = staticmethod(torch.inference_mode)
 
 
 def _flags(out: tuple[torch.Tensor, ...]) -> list[tuple[bool, bool]]:
