@@ -13,9 +13,10 @@ import torch.utils._pytree as _pytree
 TreeSpec = _pytree.TreeSpec
 
 
-def tensor_version(t: torch.Tensor) -> int:
-    """The in-place modification counter of ``t`` (shared by a tensor and its views)."""
-    return t._version
+def tensor_version(t: torch.Tensor) -> int | None:
+    """The in-place modification counter of ``t`` (shared by a tensor and its views);
+    None for an inference tensor, which has none."""
+    return None if t.is_inference() else t._version
 
 
 def forward_hooks_of(module: torch.nn.Module) -> dict[int, Any]:
@@ -148,10 +149,95 @@ def register_cache_pytrees(model: torch.nn.Module) -> None:
     if not type(model).__module__.startswith("transformers."):
         return
     try:
-        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+        from transformers.exporters import exporter_dynamo
     except ImportError:  # another transformers release: leave the caches as they are
         return
-    register_cache_pytrees_for_model(model)
+    exporter_dynamo.register_cache_pytrees_for_model(model)
+    for cls, node in list(_pytree.SUPPORTED_NODES.items()):
+        if node.flatten_fn is getattr(exporter_dynamo, "_pytree_flatten", None):
+            _lift_counters(cls, node)
+
+
+# Per-step counters of cache layers (``DynamicSlidingWindowLayer.cumulative_length``).
+# transformers' flatten keeps a plain int in the tree spec, so each decode step would have
+# a new structure and a new export; as a leaf it is an input of the graph instead.
+_COUNTERS = ("cumulative_length",)
+
+
+def _lift_counters(cls: type, node: Any) -> None:
+    """Re-register ``cls`` with ``node``'s flatten, each counter of :data:`_COUNTERS`
+    moved to the end of the leaves (as a transformers ``"sym"`` entry, which its unflatten
+    reads back from the leaves as it is), whatever the counter holds: an int, or while
+    torch.export traces, the wrapper or symbolic int export put there. Always last, so
+    a real call and its fake trace order their leaves alike."""
+    original = node.flatten_fn
+
+    def flatten(obj: Any) -> tuple[list[Any], Any]:
+        leaves, context = original(obj)
+        counters: list[Any] = []
+        dropped: set[int] = set()
+        context = _lifted(context, obj, counters, dropped)
+        kept = [leaf for i, leaf in enumerate(leaves) if i not in dropped]
+        moved = {i: n for n, i in enumerate(i for i in range(len(leaves)) if i not in dropped)}
+        return kept + counters, _renumbered(context, moved, len(kept))
+
+    def flatten_with_keys(obj: Any) -> tuple[list[Any], Any]:
+        leaves, context = flatten(obj)
+        return [(_pytree.SequenceKey(i), leaf) for i, leaf in enumerate(leaves)], context
+
+    serialized = _pytree.SUPPORTED_SERIALIZED_TYPES.get(cls)
+    _pytree._deregister_pytree_node(cls)
+    _pytree.register_pytree_node(
+        cls,
+        flatten,
+        node.unflatten_fn,
+        serialized_type_name=serialized.serialized_type_name if serialized else None,
+        flatten_with_keys_fn=flatten_with_keys,
+    )
+
+
+def _lifted(context: Any, value: Any, counters: list[Any], dropped: set[int]) -> Any:
+    """``context`` (transformers' JSON-like spec of ``value``) with the n-th counter an
+    entry ``{"_t": "sym", "i": -1 - n}`` (numbered by :func:`_renumbered`); a counter
+    that already was a leaf leaves its index in ``dropped``."""
+    if isinstance(context, list):
+        return [_lifted(c, v, counters, dropped) for c, v in zip(context, value, strict=True)]
+    if not isinstance(context, dict):
+        return context
+    kind = context.get("_t")
+    if kind == "obj":
+        state = {}
+        for key, entry in context["s"].items():
+            held = vars(value)[key]
+            if key in _COUNTERS and held is not None:
+                if isinstance(entry, dict) and entry.get("_t") in ("sym", "tensor"):
+                    dropped.add(entry["i"])
+                counters.append(held)
+                state[key] = {"_t": "sym", "i": -len(counters)}
+            else:
+                state[key] = _lifted(entry, held, counters, dropped)
+        return {**context, "s": state}
+    if kind == "seq":
+        items = zip(context["v"], value, strict=True)
+        return {**context, "v": [_lifted(c, v, counters, dropped) for c, v in items]}
+    if kind == "map":
+        found = context["v"].items()
+        return {**context, "v": {k: _lifted(c, value[k], counters, dropped) for k, c in found}}
+    if kind is None:
+        return {k: _lifted(c, value[k], counters, dropped) for k, c in context.items()}
+    return context
+
+
+def _renumbered(context: Any, moved: dict[int, int], kept: int) -> Any:
+    """``context`` with each leaf index where :func:`_lift_counters` put its leaf."""
+    if isinstance(context, list):
+        return [_renumbered(c, moved, kept) for c in context]
+    if not isinstance(context, dict):
+        return context
+    if context.get("_t") in ("sym", "tensor"):
+        i = context["i"]
+        return {**context, "i": kept - 1 - i if i < 0 else moved[i]}
+    return {k: _renumbered(c, moved, kept) for k, c in context.items()}
 
 
 def lookup_backend(compiler: Any) -> Any:

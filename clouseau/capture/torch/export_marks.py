@@ -63,8 +63,9 @@ def marking(model: torch.nn.Module) -> Iterator[Marks]:
     marks = Marks()
     with deferring(model, numerics_state) as deferred:
         marks.deferred = deferred
+        inference = torch.is_inference_mode_enabled()
         handles = [
-            module.register_forward_hook(_hook(marks, path), with_kwargs=True)
+            module.register_forward_hook(_hook(marks, path, inference), with_kwargs=True)
             for path, module in model.named_modules()
             if path
         ]
@@ -75,8 +76,19 @@ def marking(model: torch.nn.Module) -> Iterator[Marks]:
                 handle.remove()
 
 
-def _hook(marks: Marks, path: str) -> Any:
+class InferenceModeError(RuntimeError):
+    """``forward`` enters or leaves inference mode, which torch.export does not record."""
+
+
+def _hook(marks: Marks, path: str, inference: bool) -> Any:
     def hook(module: torch.nn.Module, args: Any, kwargs: Any, out: Any) -> Any:
+        if torch.is_inference_mode_enabled() != inference:
+            # Its outputs would be plain tensors (with grads) in the graph: a tier that
+            # runs forward itself reproduces the block.
+            raise InferenceModeError(
+                f"{path} runs in a `torch.inference_mode()` block of forward, which "
+                "torch.export does not record"
+            )
         call = len(marks.calls)
         marks.calls.append(path)
         suffixes: list[str] = []

@@ -31,6 +31,7 @@ from clouseau.capture.torch.caches import CacheAdopter
 from clouseau.capture.torch.export_marks import Mark, Marks, marking, take_marks
 from clouseau.capture.torch.names import PointNamer, element_names
 from clouseau.capture.torch.naming import function_op, source_from_stack_trace, target_name
+from clouseau.capture.torch.signature import grad_mode
 from clouseau.capture.torch.tiers import Tier
 from clouseau.capture.torch.traced import (
     NodeInfo,
@@ -118,8 +119,13 @@ def trace_export(
 
     user_inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     ranges = ep.range_constraints
+    # Export records a `torch.enable_grad()` / `no_grad()` block of forward only where it
+    # changes the mode it traces under: the graph serves calls under that mode only.
+    mode = grad_mode()
 
     def accepts(a: tuple[Any, ...], kw: dict[str, Any]) -> bool:
+        if grad_mode() != mode:
+            return False
         flat, spec = tree_flatten_with_path((tuple(a), canonical_kwargs(model, kw)))
         if spec != in_spec:
             return False
@@ -184,7 +190,10 @@ def _auto_dims(value: Any) -> Any:
     if type(value) is dict or type(value) is OrderedDict:
         return {k: _auto_dims(v) for k, v in value.items()}
     children = pytree_children(value)  # a cache: the spec follows its flattened children
-    return [_auto_dims(c) for c in children] if children is not None else None
+    if children is None:
+        return None
+    # A cache's int leaf is a per-step counter (``_compat`` lifts it): dynamic as a size.
+    return [torch.export.Dim.AUTO if type(c) is int else _auto_dims(c) for c in children]
 
 
 def _infos(

@@ -368,7 +368,9 @@ class ModuleHooks:
         and makes another value.
         """
         # The object, not its memory: the call holds it, so its id is not reused.
-        ident = (id(t), tensor_version(t))
+        version = tensor_version(t)
+        # An inference tensor counts no in-place op: each sighting is a value of its own.
+        ident = (id(t), version if version is not None else ~len(self._values))
         found = self._seen.get(ident)
         if found is None:
             found = self._seen[ident] = len(self._values)

@@ -30,6 +30,7 @@ from clouseau.capture.torch.reuse import keep, lookup, reuse_key
 from clouseau.capture.torch.signature import (
     MAX_SIGNATURES,
     exact_key,
+    grad_mode,
     structure_key,
 )
 from clouseau.ir.actions import Action
@@ -263,7 +264,10 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             state = self._state = ModuleState(self.model.modules())
         kw = tuple(sorted((k, of(v)) for k, v in kwargs.items())) if kwargs else ()
         # The modules' state too (training flags, plain attributes): a graph bakes it in.
-        return (tuple(map(of, args)), kw, state.key())
+        key = (tuple(map(of, args)), kw, state.key())
+        # The exact key holds the grad and inference modes: an exported graph serves the
+        # modes it traced under only (its ``accepts`` says so), an fx graph serves any.
+        return (*key, grad_mode()) if of is exact_key else key
 
     def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self._new_entry(args, kwargs, live=False)[0]

@@ -37,8 +37,20 @@ def structure_key(value: Any) -> Hashable:
         return ("dict", tuple((k, structure_key(v)) for k, v in value.items()))
     if is_registered_node(value):
         leaves, spec = tree_flatten(value)
-        return ("tree", type(value), str(spec), tuple(map(structure_key, leaves)))
+        return ("tree", type(value), str(spec), tuple(map(_leaf_structure, leaves)))
     return _value_key(value)
+
+
+def _leaf_structure(leaf: Any) -> Hashable:
+    # An int leaf of a cache is a counter that grows every step (``_compat`` lifts it out
+    # of the spec): an input of the graph, like a size, not part of the structure.
+    return ("int",) if type(leaf) is int else structure_key(leaf)
+
+
+def grad_mode() -> tuple[bool, bool]:
+    """Whether grad mode and inference mode are on: an export bakes in the regions of
+    ``forward`` that change them relative to the modes it traced under."""
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
 
 
 def _value_key(value: Any) -> Hashable:
