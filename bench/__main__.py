@@ -50,6 +50,7 @@ COMPARISONS: dict[str, tuple[str, str, str]] = {
     "load-files": ("bench.bench_load", "load_scaling", ""),
     "dist-torchrun": ("bench.bench_distributed", "torchrun_scaling", ""),
     "dist-upload": ("bench.bench_distributed", "upload_vs_disk", ""),
+    "dist-ray-overhead": ("bench.bench_distributed", "ray_overhead", ""),
     "peers-memory": ("bench.bench_peers", "memory", ""),
     "peers-disk": ("bench.bench_peers", "disk", ""),
     "peers-generate": ("bench.bench_peers", "generate", ""),

@@ -6,6 +6,13 @@ recording is left alone by resume, and resume notices any change of the weights 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +24,7 @@ from clouseau.store import DamagedCaptureWarning  # noqa: E402
 from tests.dataset.models import seeded_mlp, vectors  # noqa: E402
 
 SELECT = ["fc1", "act"]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _record(path, data, model=None, **kwargs):
@@ -87,6 +95,72 @@ def test_resume_repairs_a_status_that_a_kill_left_open(tmp_path) -> None:
     cap = _record(tmp_path, data, resume=True)
     assert cap.closed and cap.complete and cap.calls == tuple(range(5))
     assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == files
+
+
+# The recording of 5 batches, stopped once record.json says done and before status.json
+# does: the final status write signals the parent (a marker file) and waits to be killed.
+KILLED_BEFORE_STATUS = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    import clouseau
+    from clouseau.dataset.directory import Directory
+    from tests.dataset.models import seeded_mlp, vectors
+
+    write_status = Directory.write_status
+
+    def stop_before_the_final_status(self, progress, graphs):
+        if not progress.done:
+            return write_status(self, progress, graphs)
+        Path(sys.argv[2]).write_text("record.json is done")
+        time.sleep(600)
+
+    Directory.write_status = stop_before_the_final_status
+    clouseau.record(seeded_mlp(), vectors(5), select=["fc1", "act"], path=sys.argv[1],
+                    progress=False, max_size_mb=0.0015)
+    """
+)
+
+
+def _kill_before_the_final_status(path, marker) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-c", KILLED_BEFORE_STATUS, str(path), str(marker)]
+    child = subprocess.Popen(cmd, env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), f"the child never reached the final status (exit {child.poll()})"
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+
+
+@pytest.mark.slow
+def test_a_real_kill_between_record_and_status_is_repaired_by_resume(tmp_path) -> None:
+    data, path = vectors(5), tmp_path / "cap"
+    _kill_before_the_final_status(path, tmp_path / "marker")
+    assert json.loads((path / "record.json").read_text())["done"] is True
+    assert json.loads((path / "status.json").read_text())["closed"] is False
+    assert not clouseau.load(path).closed  # left so until a resume repairs it
+    files = sorted(p.name for p in path.glob("*.safetensors"))
+    cap = _record(path, data, resume=True)
+    assert cap.closed and cap.complete and cap.calls == tuple(range(5))
+    assert sorted(p.name for p in path.glob("*.safetensors")) == files
+    repaired = _snapshot(path)
+    again = _record(path, data, resume=True)  # a finished recording: nothing changes
+    assert _snapshot(path) == repaired
+    loaded = clouseau.load(path, strict=True)
+    for name in SELECT:
+        expected = _eager(seeded_mlp(), data, name)
+        for got in (cap, again, loaded):
+            assert len(got.all_calls(name)) == len(expected)
+            for call, want in enumerate(expected):
+                np.testing.assert_array_equal(got.get(name, call=call), want)
+            np.testing.assert_array_equal(got.array(name)[:], np.concatenate(expected))
 
 
 def test_resume_refuses_a_change_that_misses_a_sample_of_the_weights(tmp_path) -> None:
