@@ -105,7 +105,10 @@ def attention_of(index: GraphIndex, kernel: Node, output: Ref) -> Attention | No
 
 def _eager(index: GraphIndex, softmax: Node) -> tuple[Ref, Ref, Ref, Ref, Ref] | None:
     """q, k, v, the attention's output and its scores around an eager softmax."""
-    scores = index.live_inputs(softmax)[0]
+    live_in = index.live_inputs(softmax)
+    if not live_in:  # a softmax of parameters or buffers alone (ConViT's positional gate)
+        return None
+    scores = live_in[0]
     cur = scores
     for _ in range(12):  # back through scaling, softcapping and masking to q @ k^T
         node = index.node(cur)

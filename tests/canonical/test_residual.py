@@ -7,6 +7,7 @@ import torch
 
 import clouseau
 from tests.canonical.families import FAMILIES, Family, hooked
+from tests.models.helpers import check_model
 
 GLOBS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "mlp.pre", "mlp.post")
 
@@ -68,3 +69,14 @@ def test_residual_stream_names_equal_hooks(family: Family) -> None:
                 norm = block.attention.output.LayerNorm
                 mid = ln(pre + attn, (32,), norm.weight, norm.bias, norm.eps)
                 torch.testing.assert_close(got[b + "resid_mid"], mid, rtol=0, atol=1e-6)
+
+
+def test_convits_positional_softmax_is_no_attention() -> None:
+    """ConViT's gated positional attention: a softmax of a buffer expanded to the batch (no
+    model input reaches it) is no eager attention; the capture equals forward hooks."""
+    timm = pytest.importorskip("timm")
+    model = timm.create_model(
+        "convit_tiny", pretrained=False, img_size=32, patch_size=8, depth=2,
+        local_up_to_layer=1, num_classes=10,
+    ).eval()  # fmt: skip
+    check_model(model, torch.randn(1, 3, 32, 32))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,7 +14,7 @@ import clouseau
 from clouseau.capture import torch as ct
 from clouseau.capture.torch.names import clean_paths
 from clouseau.ir.graph import TraceKind
-from tests.models.helpers import check_model
+from tests.models.helpers import OutputHooks, check_model
 
 
 class Inner(nn.Module):
@@ -169,9 +170,21 @@ def test_regions_that_change_numerics_keep_values_and_dtypes(region) -> None:  #
         actual = fmodel(x)
     for a, e in zip(actual, expected, strict=True):
         assert a.dtype == e.dtype and torch.equal(a, e)
-        if region is not torch.inference_mode:  # export records no inference_mode region
-            assert a.requires_grad == e.requires_grad
-    assert fmodel.captured.graph.trace_kind is TraceKind.TORCH_EXPORT
+        assert a.requires_grad == e.requires_grad
+        assert a.is_inference() == e.is_inference()
+    # export records no inference_mode region: a module called inside one takes the dynamic tier
+    dynamic = region is torch.inference_mode
+    kind = TraceKind.TORCH_DYNAMO if dynamic else TraceKind.TORCH_EXPORT
+    assert fmodel.captured.graph.trace_kind is kind
+    if dynamic:  # the dynamic tier names module calls by path; compare with forward hooks
+        hooks = OutputHooks(model)
+        try:
+            model(x)
+        finally:
+            hooks.remove()
+        for path, calls in hooks.calls.items():
+            np.testing.assert_array_equal(fmodel.captured[path], calls[0][""].numpy(), path)
+        return
     assert "autocast, grad or inference mode" in fmodel.captured.graph.meta_value("fx_error")
     with outer():
         check_model(model, x)
