@@ -76,6 +76,12 @@ def test_a_worker_past_its_time_limit_is_a_timeout() -> None:
     assert outcome.status is Status.TIMEOUT and outcome.name == "eqx-mlp"
 
 
+def test_a_worker_past_its_cpu_limit_is_a_timeout() -> None:
+    # A CPU-time limit holds under any load: importing JAX alone takes more than 1 s of CPU.
+    outcome = zoo.run_worker("jax:eqx-mlp", timeout=300, cpu=1)
+    assert outcome.status is Status.TIMEOUT and outcome.detail == "over 1 s of CPU"
+
+
 def test_the_table_counts_each_family_and_lists_what_fails() -> None:
     outcomes = [
         Outcome("timm", "a", "A", Status.BITWISE, "torch.fx", 10, 1),
