@@ -34,6 +34,7 @@ GENERATIVE = ("causal-lm", "seq2seq-lm", "speech-seq2seq")
 
 WIDTH, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 32, 2, 1, 64, 128, 2
 IMAGE, PATCH = 32, 8
+IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
 TOP_K = ("num_experts_per_tok", "top_k", "moe_topk", "num_selected_experts", "moe_k",
          "num_experts_per_token")  # fmt: skip
 LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers",
@@ -164,6 +165,9 @@ def _shrunk(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]
                 "sep_token_id", "cls_token_id", "mask_token_id", "unk_token_id"):  # fmt: skip
         if isinstance(values.get(key), int) and values[key] >= VOCAB:
             changes[key] = min(3, VOCAB - 1) if key != "pad_token_id" else 0
+    for key in IMAGE_TOKEN_KEYS:  # the image placeholder: the vocabulary's last id
+        if isinstance(values.get(key), int) and values[key] >= VOCAB:
+            changes[key] = VOCAB - 1
     if "qk_rope_head_dim" in values and "head_dim" in values:  # MLA: rope on head_dim
         changes["head_dim"] = SHRINK["qk_rope_head_dim"]
     for key in TOP_K:  # deepseek_v2's default leaves its top-k unset
@@ -246,6 +250,7 @@ def build(model_type: str, task: str) -> TorchCase:
         config.is_decoder = True  # an encoder type's causal LM is its decoder (Reformer checks)
     model = model_class(model_type, task)(config).eval()
     calls = tuple(inputs(model, length) for length in SEQ)
+    calls = tuple(_with_image_tokens(model, call) for call in calls)
     frames_first = model.main_input_name == "input_features" and not _runs(model, calls[0])
     if frames_first:  # conformers (parakeet, lasr) read (batch, frames, mels); whisper the other
         calls = tuple(_frames_first(call) for call in calls)
@@ -253,9 +258,41 @@ def build(model_type: str, task: str) -> TorchCase:
     if task in GENERATIVE and hasattr(model, "generate"):
         args, kwargs = inputs(model, SEQ[1], for_generate=True)
         args, kwargs = _frames_first((args, kwargs)) if frames_first else (args, kwargs)
+        args, kwargs = _with_image_tokens(model, (args, kwargs))
         generate = (args, {**kwargs, "max_new_tokens": 3, "do_sample": False})
     return TorchCase("transformers", f"{model_type}/{task}", model, calls, generate,
                      task=type(model).__name__)  # fmt: skip
+
+
+def _with_image_tokens(model: torch.nn.Module, call: Call) -> Call:
+    """A vision-language model's call with an image placeholder token per image feature
+    (after the first text token), as its processor would write them."""
+    args, kwargs = call
+    config = model.config
+    token = next((getattr(config, k) for k in IMAGE_TOKEN_KEYS
+                  if isinstance(getattr(config, k, None), int)), None)  # fmt: skip
+    features = getattr(model, "get_image_features", None)
+    if token is None or features is None or not {"pixel_values", "input_ids"} <= set(kwargs):
+        return call
+    try:
+        with torch.no_grad():
+            count = _rows(features(pixel_values=kwargs["pixel_values"]))
+    except Exception:  # the model's own error shows when it is called
+        return call
+    ids = kwargs["input_ids"]
+    ids = torch.cat([ids[:, :1], torch.full((1, count), token), ids[:, 1:]], dim=1)
+    mask = {"attention_mask": torch.ones_like(ids)} if "attention_mask" in kwargs else {}
+    return args, {**kwargs, "input_ids": ids, **mask}
+
+
+def _rows(features: Any) -> int:
+    """How many feature vectors (image tokens) ``get_image_features`` returned."""
+    if isinstance(features, torch.Tensor):
+        return features.numel() // features.shape[-1]
+    if isinstance(features, (list, tuple)):
+        return sum(_rows(f) for f in features)
+    pooled = getattr(features, "pooler_output", None)
+    return _rows(pooled if pooled is not None else features.last_hidden_state)
 
 
 def _runs(model: torch.nn.Module, call: Call) -> bool:
@@ -290,7 +327,8 @@ def inputs(model: torch.nn.Module, length: int, *, for_generate: bool = False) -
     kwargs: dict[str, Any] = {}
     if main == "input_ids":
         vocab = getattr(_sub(config, "text_config", "decoder"), "vocab_size", VOCAB) or VOCAB
-        ids = torch.randint(TOKENS_FROM, max(TOKENS_FROM + 1, vocab), (1, length),
+        # below the last id, which a vision-language model's image placeholder takes
+        ids = torch.randint(TOKENS_FROM, max(TOKENS_FROM + 1, vocab - 1), (1, length),
                             generator=generator)  # fmt: skip
         kwargs["input_ids"] = ids
         kwargs["attention_mask"] = torch.ones_like(ids)

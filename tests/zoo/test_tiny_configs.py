@@ -48,3 +48,12 @@ def test_conformer_features_are_frames_first() -> None:
     assert kwargs["input_features"].shape[-1] == case.model.config.encoder_config.num_mel_bins
     with torch.no_grad():
         case.model(**kwargs)  # runs: the frames-first layout is the model's own
+
+
+@pytest.mark.parametrize("model_type", ["llava", "paligemma"])
+def test_a_vision_language_call_has_a_placeholder_per_image_feature(model_type: str) -> None:
+    case = hf.build(model_type, "image-text-to-text")
+    for _, kwargs in case.calls:
+        assert (kwargs["input_ids"] == case.model.config.image_token_id).sum() > 0
+        with torch.no_grad():
+            case.model(**kwargs)  # the model checks that the counts match
