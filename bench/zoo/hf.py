@@ -73,8 +73,8 @@ SHRINK: dict[str, Any] = {
     "max_target_positions": 64,
     # rotary width at most a head's (16): codegen, gptj
     "rotary_dim": WIDTH // HEADS,
-    # a Mamba-2 mixer's heads times their width is expand (2) * hidden_size: bamba, granite
-    "mamba_n_heads": 4, "mamba_d_head": 16,
+    # a Mamba-2 mixer's head width (its head count follows: _mamba_heads)
+    "mamba_d_head": 16,
     "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
     "v_head_dim": 16,
     "first_k_dense_replace": 1,
@@ -173,6 +173,10 @@ def _shrunk(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]
     for key in TOP_K:  # deepseek_v2's default leaves its top-k unset
         if key in values and values[key] is None and "n_routed_experts" in values:
             changes[key] = SHRINK[key]
+    if isinstance(values.get("mamba_n_heads"), int):
+        changes["mamba_n_heads"] = _mamba_heads(values, changes)
+        if isinstance(values.get("mamba_d_ssm"), int) and "mamba_d_head" in changes:  # falcon_h1
+            changes["mamba_d_ssm"] = changes["mamba_n_heads"] * changes["mamba_d_head"]
     if "head_dim" in values and values["head_dim"] is None:  # hunyuan, ministral need it set
         changes["head_dim"] = WIDTH // HEADS
     for key, period in values.items():  # jamba: a layer kind every `period` from `offset`
@@ -189,6 +193,17 @@ def _shrunk(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]
     changes.update(_per_layer(values, changes))
     changes.update(overrides)
     return changes
+
+
+def _mamba_heads(values: dict[str, Any], changes: dict[str, Any]) -> int:
+    """A Mamba-2 mixer's heads: their width times their count is expand * hidden_size
+    (bamba, granitemoehybrid, falcon_h1 check it)."""
+    width = changes.get("mamba_d_head", values.get("mamba_d_head"))
+    expand = values.get("mamba_expand", 2)
+    hidden = changes.get("hidden_size", values.get("hidden_size", WIDTH))
+    if not all(isinstance(v, int) for v in (width, expand, hidden)):
+        return min(values["mamba_n_heads"], 4)
+    return max(1, expand * hidden // width)
 
 
 def _per_layer(values: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
@@ -220,7 +235,7 @@ def _per_layer(values: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any
         keep = sorted(chosen)
         cut: dict[str, Any] = {count_key: len(keep)}
         for key, value in lists.items():
-            kept = [value[i] for i in keep]
+            kept = [_shrunk_value(key, value[i]) for i in keep]
             cut[key] = "".join(kept) if isinstance(value, str) else kept
         for key, by_index in maps.items():
             width = max(len(str(k)) for k in values[key])  # "05": keys may be zero-padded
@@ -236,6 +251,15 @@ def _layer_list(key: str, value: Any, n: int) -> bool:
         return "pattern" in key and len(value) == n
     listed = isinstance(value, (list, tuple)) and len(value) == n
     return listed and ("layer" in key or "block" in key)
+
+
+def _shrunk_value(key: str, value: Any) -> Any:
+    """A per-layer list's entry: an int of a shrunk field (``num_key_value_heads_per_layer``)
+    shrinks as that field does."""
+    base = next((k for k in SHRINK if key.startswith(k + "_")), None)
+    if base is None or not isinstance(value, int) or isinstance(value, bool):
+        return value
+    return min(value, SHRINK[base])
 
 
 def _shrunk_entry(value: Any) -> Any:

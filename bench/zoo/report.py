@@ -142,7 +142,8 @@ def _how() -> str:
 ./dev.sh zoo --report                 # rewrite this page from bench/zoo/results.jsonl
 ```
 
-One subprocess per model with a time limit (`--timeout`, 300 s); outcomes are appended
+One subprocess per model with a time limit (`--timeout`, 300 s; on a loaded machine
+`--cpu-timeout` limits its CPU seconds instead of trusting wall time); outcomes are appended
 to `bench/zoo/results.jsonl` and a rerun skips what is there. The CI runs a fixed sample
 of these cases (`tests/zoo/`); the full sweep is this command, not a test."""
 

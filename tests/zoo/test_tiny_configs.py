@@ -57,3 +57,14 @@ def test_a_vision_language_call_has_a_placeholder_per_image_feature(model_type: 
         assert (kwargs["input_ids"] == case.model.config.image_token_id).sum() > 0
         with torch.no_grad():
             case.model(**kwargs)  # the model checks that the counts match
+
+
+@pytest.mark.parametrize("model_type", ["bamba", "falcon_h1", "sapiens2"])
+def test_mamba_heads_and_per_layer_counts_fit_the_shrunk_width(model_type: str) -> None:
+    tiny = hf.tiny_config(model_type)  # each config validates these itself
+    for heads in tiny.to_dict().get("num_key_value_heads_per_layer") or ():
+        assert heads <= tiny.num_attention_heads
+    task = next(task for t, task in hf.cases() if t == model_type)  # the type's first
+    case = hf.build(model_type, task)
+    with torch.no_grad():
+        case.model(*case.calls[0][0], **case.calls[0][1])
