@@ -6,7 +6,8 @@
     python -m bench.zoo --list                the case ids
     python -m bench.zoo --report              only rewrite docs/models.md from the results
 
-Each case runs in a subprocess of its own with a time limit (``--timeout``); its outcome
+Each case runs in a subprocess of its own with a time limit (``--timeout``, and
+``--cpu-timeout`` on a loaded machine, where wall time says little); its outcome
 is appended to the results file (JSON lines), and a rerun skips the cases already there
 (``--retry STATUS`` reruns those with that status). See bench/zoo/__init__.py.
 """
@@ -17,6 +18,8 @@ import argparse
 import fnmatch
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,6 +37,8 @@ RESULTS = Path(__file__).resolve().parent / "results.jsonl"
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.worker:
+        if args.cpu_timeout is not None:
+            _limit_cpu(args.cpu_timeout)
         outcome = catalog.run(args.worker)
         Path(args.out).write_text(json.dumps(outcome.to_json()))
         return 0
@@ -50,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     retry = {Status(s) for s in args.retry or ()}
     pending = [i for i in ids if i not in done or done[i].status in retry]
     print(f"{len(pending)} cases to run ({len(ids) - len(pending)} already in {results})")
-    _sweep(pending, results, jobs=args.jobs, timeout=args.timeout)
+    _sweep(pending, results, jobs=args.jobs, timeout=args.timeout, cpu=args.cpu_timeout)
     report.write(report.load(results), Path(args.doc), _per_family(every))
     return 0
 
@@ -64,14 +69,14 @@ def _chosen(case_id: str, patterns: list[str] | None) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(key, p) for p in patterns)
 
 
-def _sweep(ids: list[str], results: Path, *, jobs: int, timeout: float) -> None:
+def _sweep(ids: list[str], results: Path, *, jobs: int, timeout: float, cpu: float | None) -> None:
     from tqdm import tqdm
 
     lock = threading.Lock()
     bar = tqdm(total=len(ids), unit="model", dynamic_ncols=True)
 
     def one(case_id: str) -> None:
-        outcome = run_worker(case_id, timeout)
+        outcome = run_worker(case_id, timeout, cpu=cpu)
         with lock:
             with results.open("a") as f:  # a line per model: a killed sweep keeps them
                 f.write(json.dumps(outcome.to_json()) + "\n")
@@ -83,24 +88,37 @@ def _sweep(ids: list[str], results: Path, *, jobs: int, timeout: float) -> None:
     bar.close()
 
 
-def run_worker(case_id: str, timeout: float) -> Outcome:
-    """One case in a fresh interpreter; a hang is TIMEOUT, a crash FAILED with its output."""
+def run_worker(case_id: str, timeout: float, *, cpu: float | None = None) -> Outcome:
+    """One case in a fresh interpreter; a hang is TIMEOUT, a crash FAILED with its output.
+
+    ``cpu``: a limit on the worker's CPU seconds as well (its wall time grows with the
+    machine's load, its CPU time does not); past it the worker is TIMEOUT too.
+    """
     family, key = case_id.split(":", 1)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "outcome.json"
         command = [sys.executable, "-m", "bench.zoo", "--worker", case_id, "--out", str(out)]
+        command += ["--cpu-timeout", str(cpu)] if cpu is not None else []
         try:
             done = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True,
                                   timeout=timeout)  # fmt: skip
         except subprocess.TimeoutExpired:
             return Outcome(family, key, "", Status.TIMEOUT, detail=f"over {timeout:.0f} s")
+        if cpu is not None and done.returncode == -signal.SIGXCPU:
+            return Outcome(family, key, "", Status.TIMEOUT, detail=f"over {cpu:.0f} s of CPU")
         if out.exists():
             return Outcome.from_json(json.loads(out.read_text()))
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         return Outcome(family, key, "", Status.FAILED,
                        detail=short(f"worker exit {done.returncode}: {' '.join(tail)}"))  # fmt: skip
+
+
+def _limit_cpu(cpu: float) -> None:
+    """This process's CPU-time limit: the kernel sends SIGXCPU past it."""
+    seconds = max(1, round(cpu))
+    resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 10))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -112,6 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-k", action="append", metavar="PATTERN", help="a glob over case keys")
     p.add_argument("--jobs", type=int, default=1, help="workers in parallel (default 1)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per model (300)")
+    p.add_argument("--cpu-timeout", type=float, help="CPU seconds per model (none)")
     p.add_argument("--retry", action="append", choices=[s.value for s in Status],
                    help="rerun the cases recorded with this status")  # fmt: skip
     p.add_argument("--results", default=str(RESULTS), help="the JSON-lines results file")

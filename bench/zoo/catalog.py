@@ -5,8 +5,13 @@ from __future__ import annotations
 import itertools
 import os
 import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from bench.zoo.outcome import Outcome
+
+if TYPE_CHECKING:
+    from bench.zoo.check_torch import TorchCase
 
 FAMILIES = ("jax", "torchvision", "timm", "transformers")
 
@@ -47,16 +52,24 @@ def run(case_id: str) -> Outcome:
         from bench.zoo.jax_models import CASES
 
         return run_case(CASES[key]())
-    from bench.zoo import check_torch, vision
+    from bench.zoo import check_torch
+
+    return check_torch.run_case(torch_builder(case_id), family, key)
+
+
+def torch_builder(case_id: str) -> Callable[[], TorchCase]:
+    """The function that builds a PyTorch case (torchvision, timm, transformers)."""
+    family, key = case_id.split(":", 1)
+    from bench.zoo import vision
 
     if family == "torchvision":
-        return check_torch.run_case(lambda: vision.torchvision_case(key), family, key)
+        return lambda: vision.torchvision_case(key)
     if family == "timm":
-        return check_torch.run_case(lambda: vision.timm_case(key), family, key)
+        return lambda: vision.timm_case(key)
     from bench.zoo import hf
 
     model_type, task = key.split("/")
-    return check_torch.run_case(lambda: hf.build(model_type, task), family, key)
+    return lambda: hf.build(model_type, task)
 
 
 def _quiet() -> None:

@@ -34,6 +34,11 @@ GENERATIVE = ("causal-lm", "seq2seq-lm", "speech-seq2seq")
 
 WIDTH, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 32, 2, 1, 64, 128, 2
 IMAGE, PATCH = 32, 8
+IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
+TOP_K = ("num_experts_per_tok", "top_k", "moe_topk", "num_selected_experts", "moe_k",
+         "num_experts_per_token")  # fmt: skip
+LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers",
+              "decoder_layers", "num_decoder_layers", "num_encoder_layers", "depth")  # fmt: skip
 # The config fields each shrink rule sets (those a type's default config has).
 SHRINK: dict[str, Any] = {
     **dict.fromkeys(("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "n_embed",
@@ -46,17 +51,18 @@ SHRINK: dict[str, Any] = {
     **dict.fromkeys(("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim",
                      "n_inner", "d_ff", "inner_hidden_size", "hidden_dim", "ffn_hidden_size",
                      "mlp_dim"), FFN),
-    **dict.fromkeys(("num_hidden_layers", "num_layers", "n_layer", "n_layers",
-                     "encoder_layers", "decoder_layers", "num_decoder_layers",
-                     "num_encoder_layers", "depth"), LAYERS),
+    **dict.fromkeys(LAYER_KEYS, LAYERS),
     **dict.fromkeys(("head_dim", "attention_head_dim", "d_kv", "d_head", "kv_channels"),
                     WIDTH // HEADS),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"),
                     4),
-    **dict.fromkeys(("num_experts_per_tok", "top_k", "moe_topk", "num_selected_experts"), 2),
+    **dict.fromkeys(TOP_K, 2),
     **dict.fromkeys(("moe_intermediate_size", "expert_intermediate_size",
                      "shared_expert_intermediate_size"), WIDTH),
-    **dict.fromkeys(("n_shared_experts", "num_shared_experts"), 1),
+    **dict.fromkeys(("n_shared_experts", "num_shared_experts", "moe_num_shared_experts"), 1),
+    # grouped routing (DeepSeek-V3): the 4 experts in 2 groups, the top 2 from 1 group
+    **dict.fromkeys(("n_group", "num_expert_group"), 2),
+    **dict.fromkeys(("topk_group",), 1),
     **dict.fromkeys(("max_position_embeddings", "n_positions", "max_seq_len",
                      "max_sequence_length"), 128),
     "vocab_size": VOCAB,
@@ -65,6 +71,10 @@ SHRINK: dict[str, Any] = {
     "num_mel_bins": 16,
     "max_source_positions": 16,
     "max_target_positions": 64,
+    # rotary width at most a head's (16): codegen, gptj
+    "rotary_dim": WIDTH // HEADS,
+    # a Mamba-2 mixer's head width (its head count follows: _mamba_heads)
+    "mamba_d_head": 16,
     "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
     "v_head_dim": 16,
     "first_k_dense_replace": 1,
@@ -90,6 +100,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "mamba2": {"num_heads": 4, "head_dim": 16, "n_groups": 1},
     # ProphetNet's n-gram streams count heads in their own field
     "prophetnet": {"num_encoder_attention_heads": 2, "num_decoder_attention_heads": 2},
+    # Bamba's and GraniteMoeHybrid's defaults have no attention layer, and transformers'
+    # cache needs one (get_seq_length)
+    "bamba": {"attn_layer_indices": [1]},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
 }
 SEQ = (7, 5)  # the two calls' sequence lengths
 TOKENS_FROM = 4  # token ids start above the usual special ids (pad, bos, eos, unk)
@@ -151,21 +165,173 @@ def _shrunk(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]
                 "sep_token_id", "cls_token_id", "mask_token_id", "unk_token_id"):  # fmt: skip
         if isinstance(values.get(key), int) and values[key] >= VOCAB:
             changes[key] = min(3, VOCAB - 1) if key != "pad_token_id" else 0
+    for key in IMAGE_TOKEN_KEYS:  # the image placeholder: the vocabulary's last id
+        if isinstance(values.get(key), int) and values[key] >= VOCAB:
+            changes[key] = VOCAB - 1
+    if "qk_rope_head_dim" in values and "head_dim" in values:  # MLA: rope on head_dim
+        changes["head_dim"] = SHRINK["qk_rope_head_dim"]
+    for key in TOP_K:  # deepseek_v2's default leaves its top-k unset
+        if key in values and values[key] is None and "n_routed_experts" in values:
+            changes[key] = SHRINK[key]
+    if isinstance(values.get("mamba_n_heads"), int):
+        changes["mamba_n_heads"] = _mamba_heads(values, changes)
+        if isinstance(values.get("mamba_d_ssm"), int) and "mamba_d_head" in changes:  # falcon_h1
+            changes["mamba_d_ssm"] = changes["mamba_n_heads"] * changes["mamba_d_head"]
+    if "head_dim" in values and values["head_dim"] is None:  # hunyuan, ministral need it set
+        changes["head_dim"] = WIDTH // HEADS
+    for key, period in values.items():  # jamba: a layer kind every `period` from `offset`
+        if key.endswith("_layer_period") and isinstance(period, int) and period > LAYERS:
+            changes[key] = LAYERS
+            offset = key.replace("_period", "_offset")
+            if isinstance(values.get(offset), int):
+                changes[offset] = min(values[offset], LAYERS - 1)
+    if "kv_lora_rank" in values:  # MLA expands keys and values to every head: no groups
+        changes.update({k: HEADS for k in SHRINK if SHRINK[k] == KV_HEADS and k in values
+                        and "head" in k})  # fmt: skip
+    if "qk_head_dim" in values:  # MLA: the query/key width is nope + rope
+        changes["qk_head_dim"] = SHRINK["qk_nope_head_dim"] + SHRINK["qk_rope_head_dim"]
+    changes.update(_per_layer(values, changes))
     changes.update(overrides)
     return changes
+
+
+def _mamba_heads(values: dict[str, Any], changes: dict[str, Any]) -> int:
+    """A Mamba-2 mixer's heads: their width times their count is expand * hidden_size
+    (bamba, granitemoehybrid, falcon_h1 check it)."""
+    width = changes.get("mamba_d_head", values.get("mamba_d_head"))
+    expand = values.get("mamba_expand", 2)
+    hidden = changes.get("hidden_size", values.get("hidden_size", WIDTH))
+    if not all(isinstance(v, int) for v in (width, expand, hidden)):
+        return min(values["mamba_n_heads"], 4)
+    return max(1, expand * hidden // width)
+
+
+def _per_layer(values: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """Per-layer fields cut to the shrunk layer count: lists (``layer_types``,
+    ``mlp_layer_types``), a hybrid's pattern string, and dicts by layer index
+    (``per_layer_config``, its entries shrunk too). Configs check them against the count,
+    and a list rebuilt from the count alone can drop a kind of layer (a hybrid's every
+    attention layer). The layers kept are each distinct combination's first, then the
+    first ones, so every kind of layer stays; the count becomes the number kept."""
+    for count_key in LAYER_KEYS:
+        n, shrunk = values.get(count_key), changes.get(count_key)
+        if not isinstance(n, int) or not isinstance(shrunk, int) or shrunk >= n:
+            continue
+        lists = {k: v for k, v in values.items() if k != count_key and _layer_list(k, v, n)}
+        maps = {key: {int(k): v for k, v in value.items()} for key, value in values.items()
+                if "layer" in key and isinstance(value, dict) and value
+                and all(str(k).isdigit() and int(k) < n for k in value)}  # fmt: skip
+        if not lists and not maps:
+            continue
+        first: dict[str, int] = {}
+        for i in range(n):  # repr: entries may be unhashable
+            row = [v[i] for v in lists.values()] + [m.get(i) for m in maps.values()]
+            first.setdefault(repr(row), i)
+        chosen = set(first.values())
+        for i in range(n):
+            if len(chosen) >= shrunk:
+                break
+            chosen.add(i)
+        keep = sorted(chosen)
+        cut: dict[str, Any] = {count_key: len(keep)}
+        for key, value in lists.items():
+            kept = [_shrunk_value(key, value[i]) for i in keep]
+            cut[key] = "".join(kept) if isinstance(value, str) else kept
+        for key, by_index in maps.items():
+            width = max(len(str(k)) for k in values[key])  # "05": keys may be zero-padded
+            cut[key] = {str(new).zfill(width): _shrunk_entry(by_index[old])
+                        for new, old in enumerate(keep) if old in by_index}  # fmt: skip
+        return cut
+    return {}
+
+
+def _layer_list(key: str, value: Any, n: int) -> bool:
+    """Whether ``value`` is a list with an entry per layer (or a pattern string)."""
+    if isinstance(value, str):
+        return "pattern" in key and len(value) == n
+    listed = isinstance(value, (list, tuple)) and len(value) == n
+    return listed and ("layer" in key or "block" in key)
+
+
+def _shrunk_value(key: str, value: Any) -> Any:
+    """A per-layer list's entry: an int of a shrunk field (``num_key_value_heads_per_layer``)
+    shrinks as that field does."""
+    base = next((k for k in SHRINK if key.startswith(k + "_")), None)
+    if base is None or not isinstance(value, int) or isinstance(value, bool):
+        return value
+    return min(value, SHRINK[base])
+
+
+def _shrunk_entry(value: Any) -> Any:
+    """A per-layer entry: a dict of config fields shrinks as a config does."""
+    return {**value, **_shrunk(value, {})} if isinstance(value, dict) else value
 
 
 def build(model_type: str, task: str) -> TorchCase:
     """The tiny model of ``task`` (eval mode) and its two calls and generate call."""
     config = tiny_config(model_type)
+    if task == "causal-lm" and getattr(config, "is_decoder", None) is False:
+        config.is_decoder = True  # an encoder type's causal LM is its decoder (Reformer checks)
     model = model_class(model_type, task)(config).eval()
     calls = tuple(inputs(model, length) for length in SEQ)
+    calls = tuple(_with_image_tokens(model, call) for call in calls)
+    frames_first = model.main_input_name == "input_features" and not _runs(model, calls[0])
+    if frames_first:  # conformers (parakeet, lasr) read (batch, frames, mels); whisper the other
+        calls = tuple(_frames_first(call) for call in calls)
     generate = None
     if task in GENERATIVE and hasattr(model, "generate"):
         args, kwargs = inputs(model, SEQ[1], for_generate=True)
+        args, kwargs = _frames_first((args, kwargs)) if frames_first else (args, kwargs)
+        args, kwargs = _with_image_tokens(model, (args, kwargs))
         generate = (args, {**kwargs, "max_new_tokens": 3, "do_sample": False})
     return TorchCase("transformers", f"{model_type}/{task}", model, calls, generate,
                      task=type(model).__name__)  # fmt: skip
+
+
+def _with_image_tokens(model: torch.nn.Module, call: Call) -> Call:
+    """A vision-language model's call with an image placeholder token per image feature
+    (after the first text token), as its processor would write them."""
+    args, kwargs = call
+    config = model.config
+    token = next((getattr(config, k) for k in IMAGE_TOKEN_KEYS
+                  if isinstance(getattr(config, k, None), int)), None)  # fmt: skip
+    features = getattr(model, "get_image_features", None)
+    if token is None or features is None or not {"pixel_values", "input_ids"} <= set(kwargs):
+        return call
+    try:
+        with torch.no_grad():
+            count = _rows(features(pixel_values=kwargs["pixel_values"]))
+    except Exception:  # the model's own error shows when it is called
+        return call
+    ids = kwargs["input_ids"]
+    ids = torch.cat([ids[:, :1], torch.full((1, count), token), ids[:, 1:]], dim=1)
+    mask = {"attention_mask": torch.ones_like(ids)} if "attention_mask" in kwargs else {}
+    return args, {**kwargs, "input_ids": ids, **mask}
+
+
+def _rows(features: Any) -> int:
+    """How many feature vectors (image tokens) ``get_image_features`` returned."""
+    if isinstance(features, torch.Tensor):
+        return features.numel() // features.shape[-1]
+    if isinstance(features, (list, tuple)):
+        return sum(_rows(f) for f in features)
+    pooled = getattr(features, "pooler_output", None)
+    return _rows(pooled if pooled is not None else features.last_hidden_state)
+
+
+def _runs(model: torch.nn.Module, call: Call) -> bool:
+    """Whether the model runs on ``call`` eagerly."""
+    try:
+        with torch.no_grad():
+            model(*call[0], **call[1])
+    except Exception:
+        return False
+    return True
+
+
+def _frames_first(call: Call) -> Call:
+    args, kwargs = call
+    return args, {**kwargs, "input_features": kwargs["input_features"].transpose(1, 2)}
 
 
 def _sub(config: Any, *names: str) -> Any:
@@ -185,7 +351,8 @@ def inputs(model: torch.nn.Module, length: int, *, for_generate: bool = False) -
     kwargs: dict[str, Any] = {}
     if main == "input_ids":
         vocab = getattr(_sub(config, "text_config", "decoder"), "vocab_size", VOCAB) or VOCAB
-        ids = torch.randint(TOKENS_FROM, max(TOKENS_FROM + 1, vocab), (1, length),
+        # below the last id, which a vision-language model's image placeholder takes
+        ids = torch.randint(TOKENS_FROM, max(TOKENS_FROM + 1, vocab - 1), (1, length),
                             generator=generator)  # fmt: skip
         kwargs["input_ids"] = ids
         kwargs["attention_mask"] = torch.ones_like(ids)
@@ -213,6 +380,13 @@ def inputs(model: torch.nn.Module, length: int, *, for_generate: bool = False) -
         size = getattr(vision, "image_size", IMAGE)
         kwargs["pixel_values"] = torch.randn(1, getattr(vision, "num_channels", 3), size, size,
                                              generator=generator)  # fmt: skip
+    if "bbox" in parameters and "input_ids" in kwargs:  # layout models: a box per token
+        corner = torch.randint(0, 64, (1, length, 2), generator=generator)
+        kwargs["bbox"] = torch.cat([corner, corner + torch.randint(1, 32, (1, length, 2),
+                                                                   generator=generator)], -1)  # fmt: skip
+    query = parameters.get("query_embeds")
+    if query is not None and query.default is inspect.Parameter.empty:  # a Q-Former alone
+        kwargs["query_embeds"] = torch.randn(1, 4, config.hidden_size, generator=generator)
     start = getattr(config, "decoder_start_token_id", None) or 0
     if getattr(config, "is_encoder_decoder", False):
         if for_generate:  # transformers 5 reads it from the generation config only

@@ -57,7 +57,8 @@ def render(outcomes: list[Outcome], cases: dict[str, int] | None = None) -> str:
         'instrumented with `select="*"` and checked against the framework itself: outputs and',
         "every module output (a forward hook; JAX: the submodule called on the same input)",
         "bit for bit on PyTorch, within the stated tolerance on JAX; two calls at two input",
-        "shapes with at most 2 traces; `fmodel.generate` tokens equal to `model.generate`",
+        "shapes with at most 2 traces (2 per region between graph breaks on the dynamic",
+        "tier); `fmodel.generate` tokens equal to `model.generate`",
         "with every step captured. **Generated** by `./dev.sh zoo` (`python -m bench.zoo`, see",
         "[below](#how-to-run-it)); edit `bench/zoo/`, not this page.",
         "",
@@ -111,7 +112,8 @@ def _legend() -> str:
         "configuration, so there is nothing to compare; the detail says why). *refused*: "
         "clouseau raised an error naming the cause and the fix. *wrong*: a value differs "
         "from eager or a module output is no point, the one outcome that is never "
-        "acceptable. *failed*: an unclear error, more than 2 traces, or `generate` "
+        "acceptable. *failed*: an unclear error, more than 2 traces (the dynamic tier: "
+        "more than twice its first call's regions), or `generate` "
         "differing. *timeout*: over the per-model limit on the sweep's machine. "
         "Flax linen's module outputs have no point of their own (a linen module is no "
         "pytree; its ops are named by linen's scopes): the sweep finds each one, as "
@@ -140,7 +142,8 @@ def _how() -> str:
 ./dev.sh zoo --report                 # rewrite this page from bench/zoo/results.jsonl
 ```
 
-One subprocess per model with a time limit (`--timeout`, 300 s); outcomes are appended
+One subprocess per model with a time limit (`--timeout`, 300 s; on a loaded machine
+`--cpu-timeout` limits its CPU seconds instead of trusting wall time); outcomes are appended
 to `bench/zoo/results.jsonl` and a rerun skips what is there. The CI runs a fixed sample
 of these cases (`tests/zoo/`); the full sweep is this command, not a test."""
 

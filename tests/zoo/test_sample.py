@@ -8,6 +8,8 @@ sweep is ``./dev.sh zoo``, not a test; its table is docs/models.md.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from bench.zoo.outcome import Status
@@ -36,9 +38,7 @@ SAMPLE = {
     "transformers:gpt2/causal-lm": "text decoder, torch.export, generate",
     "transformers:llama/causal-lm": "text decoder (RoPE, GQA), torch.export, generate",
     "transformers:mamba/causal-lm": "state-space decoder, torch.export, generate",
-    "transformers:qwen2/causal-lm": "text decoder, generate",
     "transformers:bert/masked-lm": "text encoder, torch.export",
-    "transformers:distilbert/masked-lm": "text encoder",
     "transformers:bart/seq2seq-lm": "text encoder-decoder, generate",
     "transformers:vit/image-classification": "vision transformer, torch.export",
     "transformers:clip/base": "multimodal dual encoder (text and image)",
@@ -57,3 +57,40 @@ def test_sample_model_equals_eager(case_id: str) -> None:
         assert outcome.family == "jax"  # PyTorch is bit for bit
     if case_id.endswith(("causal-lm", "seq2seq-lm")):
         assert outcome.generate == "equal"
+
+
+# case id -> what it stands for; the model neither tracer takes: TorchDynamo's regions
+DYNAMO_SAMPLE = {
+    "transformers:longformer/masked-lm": "text encoder, sliding-window attention, dynamic tier",
+}
+
+
+@pytest.mark.parametrize("case_id", list(DYNAMO_SAMPLE))
+def test_sample_untraceable_model_takes_the_dynamic_tier(case_id: str) -> None:
+    pytest.importorskip("torch")
+    from bench.zoo import catalog
+    from clouseau.ir import TraceKind
+
+    outcome = catalog.run(case_id)
+    assert outcome.status is Status.BITWISE, (outcome.status, outcome.detail)
+    assert outcome.tier == TraceKind.TORCH_DYNAMO.value and outcome.points > 0
+
+
+# case id -> module-output globs: a selection of module outputs alone takes the hooks tier
+HOOKS_SAMPLE = {
+    "torchvision:resnet18": ("layer*.0", "layer*.1"),  # every residual block, no trace
+}
+
+
+@pytest.mark.parametrize(("case_id", "select"), list(HOOKS_SAMPLE.items()))
+def test_sample_module_outputs_take_the_hooks_tier(case_id: str, select: tuple[str, ...]) -> None:
+    pytest.importorskip("torch")
+    from bench.zoo import catalog, check_torch
+    from clouseau.ir import TraceKind
+
+    build = catalog.torch_builder(case_id)
+    family, key = case_id.split(":", 1)
+    outcome = check_torch.run_case(lambda: replace(build(), select=select), family, key)
+    assert outcome.status is Status.BITWISE, (outcome.status, outcome.detail)
+    assert outcome.tier == TraceKind.TORCH_HOOKS.value
+    assert outcome.points >= len(select) and outcome.traces == 0

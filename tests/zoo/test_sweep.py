@@ -39,6 +39,19 @@ def test_a_value_unequal_to_eager_is_classified_wrong() -> None:
     assert outcome.detail.startswith("call 0: output 0 differs from eager")
 
 
+def test_the_dynamic_tier_may_trace_each_region_twice() -> None:
+    # Two regions (around the graph break) per shape: more than 2 traces, 2 per region.
+    from tests.torch.dynamic_models import IfMean
+
+    torch.manual_seed(0)
+    calls = (((torch.randn(2, 6),), {}), ((torch.randn(3, 6),), {}))
+    case = check_torch.TorchCase("test", "if-mean", IfMean().eval(), calls)
+    with pytest.warns(UserWarning, match="TorchDynamo"):
+        outcome = check_torch.run_case(lambda: case, "test", "if-mean")
+    assert outcome.status is Status.BITWISE, outcome.detail
+    assert outcome.tier == "torch.dynamo" and outcome.traces > 2
+
+
 def test_a_model_that_does_not_build_is_no_tiny_model_with_the_reason() -> None:
     def build() -> check_torch.TorchCase:
         raise ValueError("hidden_size must divide num_heads")
@@ -61,6 +74,12 @@ def test_a_rerun_skips_the_models_already_swept(tmp_path: Path) -> None:
 def test_a_worker_past_its_time_limit_is_a_timeout() -> None:
     outcome = zoo.run_worker("jax:eqx-mlp", timeout=0.5)  # the interpreter alone takes longer
     assert outcome.status is Status.TIMEOUT and outcome.name == "eqx-mlp"
+
+
+def test_a_worker_past_its_cpu_limit_is_a_timeout() -> None:
+    # A CPU-time limit holds under any load: importing JAX alone takes more than 1 s of CPU.
+    outcome = zoo.run_worker("jax:eqx-mlp", timeout=300, cpu=1)
+    assert outcome.status is Status.TIMEOUT and outcome.detail == "over 1 s of CPU"
 
 
 def test_the_table_counts_each_family_and_lists_what_fails() -> None:

@@ -1,0 +1,70 @@
+"""The sweep's generic tiny-config and input rules (bench/zoo/hf.py) on the types that need them."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+from transformers import CONFIG_MAPPING
+
+from bench.zoo import hf
+
+
+@pytest.mark.parametrize("model_type", ["kimi_linear", "bailing_hybrid", "lfm3"])
+def test_a_hybrid_keeps_every_kind_of_layer(model_type: str) -> None:
+    default, tiny = CONFIG_MAPPING[model_type](), hf.tiny_config(model_type)
+    assert set(tiny.layer_types) == set(default.layer_types)
+    assert len(tiny.layer_types) == tiny.num_hidden_layers < default.num_hidden_layers
+
+
+def test_per_layer_config_entries_follow_their_layers() -> None:
+    # gemma4's per-layer entries are its full-attention layers: so after the cut too
+    def layers(values: dict) -> tuple[set[int], set[int], list[dict]]:
+        entries = values["per_layer_config"]
+        full = {i for i, kind in enumerate(values["layer_types"]) if kind == "full_attention"}
+        return {int(k) for k in entries}, full, list(entries.values())
+
+    default = CONFIG_MAPPING["gemma4_text"]().to_dict()
+    changes = hf._shrunk(default, {})
+    (old_keys, old_full, _), (keys, full, entries) = layers(default), layers(changes)
+    assert old_keys == old_full and keys == full and keys
+    assert max(keys) < changes["num_hidden_layers"] == len(changes["layer_types"])
+    assert all(e["head_dim"] <= hf.WIDTH // hf.HEADS for e in entries)
+    hf.tiny_config("gemma4_text")  # and the config takes them
+
+
+def test_grouped_routing_and_mla_shrink_together() -> None:
+    tiny = hf.tiny_config("deepseek_v3")
+    assert tiny.n_routed_experts % tiny.n_group == 0 and tiny.topk_group <= tiny.n_group
+    assert tiny.num_key_value_heads == tiny.num_attention_heads  # MLA: no key/value groups
+    assert tiny.head_dim == tiny.qk_rope_head_dim
+
+
+def test_conformer_features_are_frames_first() -> None:
+    case = hf.build("parakeet_ctc", "base")
+    (_, kwargs) = case.calls[0]
+    assert kwargs["input_features"].shape[-1] == case.model.config.encoder_config.num_mel_bins
+    with torch.no_grad():
+        case.model(**kwargs)  # runs: the frames-first layout is the model's own
+
+
+@pytest.mark.parametrize("model_type", ["llava", "paligemma"])
+def test_a_vision_language_call_has_a_placeholder_per_image_feature(model_type: str) -> None:
+    case = hf.build(model_type, "image-text-to-text")
+    for _, kwargs in case.calls:
+        assert (kwargs["input_ids"] == case.model.config.image_token_id).sum() > 0
+        with torch.no_grad():
+            case.model(**kwargs)  # the model checks that the counts match
+
+
+@pytest.mark.parametrize("model_type", ["bamba", "falcon_h1", "sapiens2"])
+def test_mamba_heads_and_per_layer_counts_fit_the_shrunk_width(model_type: str) -> None:
+    tiny = hf.tiny_config(model_type)  # each config validates these itself
+    for heads in tiny.to_dict().get("num_key_value_heads_per_layer") or ():
+        assert heads <= tiny.num_attention_heads
+    task = next(task for t, task in hf.cases() if t == model_type)  # the type's first
+    case = hf.build(model_type, task)
+    with torch.no_grad():
+        case.model(*case.calls[0][0], **case.calls[0][1])
