@@ -2,7 +2,8 @@
 
 A computed point becomes fx ``call_function`` nodes right after its last input, emitted
 only for points a save reads: the model's own nodes are untouched, so its outputs stay
-bitwise. :func:`kernel_attrs` records what a computed attention pattern needs from an
+bitwise. A run ``matmul -> scale -> mask`` (a pattern's scores) is one ``baddbmm`` onto
+the mask's bias, one pass over the scores instead of three. :func:`kernel_attrs` records what a computed attention pattern needs from an
 ``scaled_dot_product_attention`` call (its scale, causality, mask and dropout).
 """
 
@@ -99,6 +100,16 @@ def _softmax(x: torch.Tensor, axis: int) -> torch.Tensor:
 def _softmax_full(x: torch.Tensor, axis: int) -> torch.Tensor:
     """The softmax of scores no row of which is only -inf (no mask empties one)."""
     return torch.softmax(x, dim=axis, dtype=torch.float32).to(x.dtype)
+
+
+def _softmax_masked(x: torch.Tensor, axis: int, mask: torch.Tensor) -> torch.Tensor:
+    """The softmax of scores whose only ``-inf`` rows are those boolean ``mask`` empties:
+    on a CPU, where reading the (compact) mask costs no device sync, none to zero is no
+    pass over the pattern."""
+    out = torch.softmax(x, dim=axis, dtype=torch.float32)
+    if x.device.type != "cpu" or not bool(_compact(mask).any(axis).all()):
+        out.nan_to_num_(0.0)
+    return out.to(x.dtype)
 
 
 def _scores(q: torch.Tensor, kt: torch.Tensor, scale: float, bias: torch.Tensor) -> torch.Tensor:
@@ -242,10 +253,10 @@ def lower_computed(
         else:
             op = Op(step.op)
             inplace = None
-            if step.inputs[0].node in private and _in_place_keeps(program, step):
+            if op is Op.SOFTMAX:
+                inplace = _emit_softmax(graph, program, step, args[0], env)
+            elif step.inputs[0].node in private and _in_place_keeps(program, step):
                 inplace = _emit_inplace(graph, op, args, attrs)
-            elif op is Op.SOFTMAX and not _may_empty_rows(program, step):
-                inplace = graph.call_function(_softmax_full, (args[0], attrs["axis"]))
             env[step.name] = inplace or _emit(graph, op, args, attrs)
             env[step.name].meta[COMPUTED_META] = True
     assert result is not None
@@ -320,6 +331,20 @@ def _emit_scores(
         node = graph.call_function(_scores, (q, kt, factor, env[fill.inputs[1].node]))
     node.meta[COMPUTED_META] = True
     return node
+
+
+def _emit_softmax(
+    graph: fx.Graph, program: Graph, softmax: Node, x: fx.Node, env: Mapping[str, fx.Node]
+) -> fx.Node | None:
+    """A softmax that zeroes no NaN row where none can be (None: the general one)."""
+    axis = softmax.attr("axis")
+    if not _may_empty_rows(program, softmax):
+        return graph.call_function(_softmax_full, (x, axis))
+    fill = program.node(softmax.inputs[0].node)
+    if fill.op == Op.MASK_FILL.value and not _may_empty_rows(program, fill) and axis == -1:
+        # Rows only the mask can empty: the mask's rows say which.
+        return graph.call_function(_softmax_masked, (x, axis, env[fill.inputs[1].node]))
+    return None
 
 
 def _may_empty_rows(program: Graph, softmax: Node) -> bool:
