@@ -3,8 +3,9 @@
 A computed point becomes fx ``call_function`` nodes right after its last input, emitted
 only for points a save reads: the model's own nodes are untouched, so its outputs stay
 bitwise. A run ``matmul -> scale -> mask`` (a pattern's scores) is one ``baddbmm`` onto
-the mask's bias, one pass over the scores instead of three. :func:`kernel_attrs` records what a computed attention pattern needs from an
-``scaled_dot_product_attention`` call (its scale, causality, mask and dropout).
+the mask's bias, one pass over the scores instead of three. :func:`kernel_attrs` records
+what a computed attention pattern needs from a ``scaled_dot_product_attention`` call
+(its scale, causality, mask and dropout).
 """
 
 from __future__ import annotations
