@@ -6,12 +6,13 @@ never reads (the logit lens, per-head outputs) they are refused with the cause a
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import pytest
 import torch
 
 import clouseau
+from clouseau.ir.graph import TraceKind
 from clouseau.ir.verify import verify
 from tests.canonical.families import BY_NAME, FAMILIES, Family, first_tensor
 
@@ -200,3 +201,45 @@ def test_a_padded_batch_keeps_its_outputs_through_the_decomposition(family: str)
     torch.testing.assert_close(pattern[0], weights[0], rtol=0, atol=1e-6)
     torch.testing.assert_close(pattern[1, :, 2:], weights[1, :, 2:], rtol=0, atol=1e-6)
     assert torch.equal(pattern[1, :, :2], torch.zeros_like(pattern[1, :, :2]))
+
+
+class _Branchy(torch.nn.Module):
+    """A language model whose output takes a data-dependent branch: neither torch.fx nor
+    torch.export traces it, so it runs in the dynamic (TorchDynamo) tier."""
+
+    def __init__(self, lm: torch.nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        logits = self.lm(input_ids=input_ids, use_cache=False).logits
+        return logits * 2.0 if logits.mean() > 0 else -logits
+
+
+def test_an_intervention_on_a_computed_pattern_in_the_dynamic_tier_is_the_eager_patch() -> None:
+    from clouseau.capture.torch.tiers import Tier
+
+    fam = BY_NAME["gpt2"]
+    model = fam.model("sdpa")
+    ids = fam.inputs()["input_ids"]
+    eager = fam.model("eager")
+    eager.load_state_dict(model.state_dict())
+    with torch.no_grad(), _patched_softmax(0, _ablate_head_1, before=False):
+        want = _Branchy(eager)(ids)
+        weights = eager(input_ids=ids, output_attentions=True).attentions[0]
+    with torch.no_grad():
+        plain = _Branchy(model)(ids)
+    fmodel = clouseau.instrument(
+        _Branchy(model), select="blocks.0.attn.pattern", path=None,
+        intervene={"blocks.0.attn.pattern": clouseau.replace(_ablate_head_1)},
+    )  # fmt: skip
+    tier = Tier.DYNAMO.value.replace("(", r"\(").replace(")", r"\)")
+    for call in range(2):
+        warns = pytest.warns(UserWarning, match=tier) if call == 0 else nullcontext()
+        with torch.no_grad(), warns:
+            got = fmodel(ids)
+        torch.testing.assert_close(got, want, rtol=0, atol=TOL)
+        assert (got - plain).abs().max() > 10 * TOL  # the intervention reached the outputs
+        seen = torch.from_numpy(fmodel.captured.get("blocks.0.attn.pattern", call=call))
+        torch.testing.assert_close(seen, weights, rtol=0, atol=1e-6)
+    assert {g.trace_kind for g in fmodel.captured.graphs} == {TraceKind.TORCH_DYNAMO}

@@ -2,12 +2,15 @@
 
 A computed point becomes fx ``call_function`` nodes right after its last input, emitted
 only for points a save reads: the model's own nodes are untouched, so its outputs stay
-bitwise. :func:`kernel_attrs` records what a computed attention pattern needs from an
-``scaled_dot_product_attention`` call (its scale, causality, mask and dropout).
+bitwise. A run ``matmul -> scale -> mask`` (a pattern's scores) is one ``baddbmm`` onto
+the mask's bias, one pass over the scores instead of three. :func:`kernel_attrs` records
+what a computed attention pattern needs from a ``scaled_dot_product_attention`` call
+(its scale, causality, mask and dropout).
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -47,13 +50,8 @@ def _mask_fill(x: torch.Tensor, mask: torch.Tensor, value: float) -> torch.Tenso
 
 
 def _mask_fill_(x: torch.Tensor, mask: torch.Tensor, value: float) -> torch.Tensor:
-    if value == float("-inf"):
-        # Adding a bias of 0 and -inf is exact (x + 0 is x, x - inf is -inf) and, built
-        # once for what the mask broadcasts (heads, a batch it is expanded over), cheaper
-        # than a masked fill of every head.
-        mask = _compact(mask)
-        bias = torch.zeros(mask.shape, dtype=x.dtype, device=x.device)
-        return x.add_(bias.masked_fill_(~mask, value))
+    if value == float("-inf"):  # an added bias: cheaper than a masked fill of every head
+        return x.add_(_mask_bias(mask, x.dtype))
     return x.masked_fill_(~mask, value)
 
 
@@ -71,8 +69,7 @@ def _causal_fill(x: torch.Tensor, value: float, offset: int) -> torch.Tensor:
 def _causal_fill_(x: torch.Tensor, value: float, offset: int) -> torch.Tensor:
     rows, cols = x.shape[-2], x.shape[-1]
     if value == float("-inf"):  # exact, as in _mask_fill_
-        bias = torch.full((rows, cols), value, dtype=x.dtype, device=x.device).triu_(offset + 1)
-        return x.add_(bias)
+        return x.add_(_causal_bias(rows, cols, offset, x.dtype, x.device))
     keep = torch.ones(rows, cols, dtype=torch.bool, device=x.device).tril(offset)
     return x.masked_fill_(~keep, value)
 
@@ -99,6 +96,62 @@ def _softmax(x: torch.Tensor, axis: int) -> torch.Tensor:
     # A row of only -inf (a query that may attend to nothing: padding) is 0, not NaN: what
     # the fused kernel computes for it, and no NaN reaches the model through a decomposition.
     return torch.softmax(x, dim=axis, dtype=torch.float32).nan_to_num_(0.0).to(x.dtype)
+
+
+def _softmax_full(x: torch.Tensor, axis: int) -> torch.Tensor:
+    """The softmax of scores no row of which is only -inf (no mask empties one)."""
+    return torch.softmax(x, dim=axis, dtype=torch.float32).to(x.dtype)
+
+
+def _softmax_masked(x: torch.Tensor, axis: int, mask: torch.Tensor) -> torch.Tensor:
+    """The softmax of scores whose only ``-inf`` rows are those boolean ``mask`` empties:
+    on a CPU, where reading the (compact) mask costs no device sync, none to zero is no
+    pass over the pattern."""
+    out = torch.softmax(x, dim=axis, dtype=torch.float32)
+    if x.device.type != "cpu" or not bool(_compact(mask).any(axis).all()):
+        out.nan_to_num_(0.0)
+    return out.to(x.dtype)
+
+
+def _scores(q: torch.Tensor, kt: torch.Tensor, scale: float, bias: torch.Tensor) -> torch.Tensor:
+    """``q @ kt * scale + bias`` (``bias`` broadcasting to the result, of its dtype) in one
+    pass over the result: the bias written once, the scaled product accumulated onto it."""
+    *batch, rows, depth = q.shape
+    out = torch.empty((*batch, rows, kt.shape[-1]), dtype=q.dtype, device=q.device)
+    out.copy_(bias)
+    flat = out.view(-1, rows, kt.shape[-1])
+    flat.baddbmm_(q.reshape(-1, rows, depth), kt.reshape(-1, depth, kt.shape[-1]), alpha=scale)
+    return out
+
+
+def _scores_masked(
+    q: torch.Tensor, kt: torch.Tensor, scale: float, mask: torch.Tensor
+) -> torch.Tensor:
+    return _scores(q, kt, scale, _mask_bias(mask, q.dtype))
+
+
+def _scores_causal(q: torch.Tensor, kt: torch.Tensor, scale: float, offset: int) -> torch.Tensor:
+    bias = _causal_bias(q.shape[-2], kt.shape[-1], offset, q.dtype, q.device)
+    return _scores(q, kt, scale, bias)
+
+
+def _mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive bias of a boolean mask: 0 where it is true, -inf elsewhere (exact: x + 0
+    is x, x - inf is -inf), of the size the mask broadcasts from (heads, a batch it is
+    expanded over: built once, not per head)."""
+    mask = _compact(mask)
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -math.inf)
+
+
+def _causal_bias(
+    rows: int, cols: int, offset: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """The additive bias of causality: 0 on and below diagonal ``offset``, -inf above."""
+    return torch.full((rows, cols), -math.inf, dtype=dtype, device=device).triu_(offset + 1)
+
+
+#: The fx targets a computed point's matmul becomes (alone, or with its scale and mask).
+MATMULS = frozenset({torch.matmul, _scores, _scores_causal, _scores_masked})
 
 
 def softmax_node(graph: fx.Graph, x: fx.Node, axis: int = -1) -> fx.Node:
@@ -178,7 +231,16 @@ def lower_computed(
     result: fx.Node | None = None
     program = program_of(node)
     private = _private(program)
+    fused = _fused_scores(program, private)
+    skipped = {name for chain in fused.values() for name in chain[1:]}
     for step in program.nodes:
+        if step.name in skipped:
+            continue
+        if step.name in fused:
+            env[step.name] = _emit_scores(graph, program, fused[step.name], env)
+            for name in fused[step.name][1:]:
+                env[name] = env[step.name]
+            continue
         if step.kind is NodeKind.INPUT:
             env[step.name] = inputs[int(step.name.removeprefix("in"))]
             continue
@@ -192,12 +254,110 @@ def lower_computed(
         else:
             op = Op(step.op)
             inplace = None
-            if step.inputs[0].node in private and _in_place_keeps(program, step):
+            if op is Op.SOFTMAX:
+                inplace = _emit_softmax(graph, program, step, args[0], env)
+            elif step.inputs[0].node in private and _in_place_keeps(program, step):
                 inplace = _emit_inplace(graph, op, args, attrs)
             env[step.name] = inplace or _emit(graph, op, args, attrs)
             env[step.name].meta[COMPUTED_META] = True
     assert result is not None
     return result
+
+
+def _fused_scores(program: Graph, private: set[str]) -> dict[str, tuple[str, str, str]]:
+    """The runs ``matmul -> scale -> mask`` (a ``-inf`` fill or an added float mask) that one
+    :func:`_scores` call computes, by their matmul: (matmul, scale, mask) step names."""
+    order = {s.name: i for i, s in enumerate(program.nodes)}
+    readers: dict[str, list[Node]] = {}
+    for s in program.nodes:
+        for r in s.inputs:
+            readers.setdefault(r.node, []).append(s)
+    runs: dict[str, tuple[str, str, str]] = {}
+    for m in program.nodes:
+        if m.op != Op.MATMUL.value or m.name not in private or not _batch_equal(program, m):
+            continue
+        (scale,) = readers[m.name]
+        if scale.op != Op.MUL.value or len(scale.inputs) != 1 or scale.name not in private:
+            continue
+        (fill,) = readers[scale.name]
+        if fill.inputs[0].node != scale.name or not _fusable_mask(program, fill, order[m.name]):
+            continue
+        runs[m.name] = (m.name, scale.name, fill.name)
+    return runs
+
+
+def _spec(program: Graph, name: str) -> TensorSpec | None:
+    spec = program.node(name).outputs[0]
+    return spec if isinstance(spec, TensorSpec) else None
+
+
+def _batch_equal(program: Graph, matmul: Node) -> bool:
+    """Whether ``matmul``'s operands have one dtype and the same batch axes (no broadcast),
+    so that both are stacks of matrices of one count."""
+    x, y = (_spec(program, r.node) for r in matmul.inputs)
+    return (
+        x is not None and y is not None and x.dtype == y.dtype
+        and len(x.shape) >= 3 and x.shape[:-2] == y.shape[:-2]
+    )  # fmt: skip
+
+
+def _fusable_mask(program: Graph, fill: Node, before: int) -> bool:
+    """Whether ``fill`` is a mask :func:`_scores` adds as a bias: a ``-inf`` fill, or a float
+    mask of the scores' dtype (a value the program has before the matmul at ``before``)
+    that broadcasts to them."""
+    if fill.op in (Op.CAUSAL_FILL.value, Op.MASK_FILL.value):
+        return float(str(fill.attr("value"))) == -math.inf
+    if fill.op != Op.ADD.value or len(fill.inputs) != 2:
+        return False
+    scores, bias = _spec(program, fill.inputs[0].node), _spec(program, fill.inputs[1].node)
+    names = [s.name for s in program.nodes]
+    return (
+        scores is not None and bias is not None and bias.dtype == scores.dtype
+        and names.index(fill.inputs[1].node) < before
+        and fill.outputs[0] == scores
+    )  # fmt: skip
+
+
+def _emit_scores(
+    graph: fx.Graph, program: Graph, run: tuple[str, str, str], env: Mapping[str, fx.Node]
+) -> fx.Node:
+    matmul, scale, fill = (program.node(name) for name in run)
+    q, kt = (env[r.node] for r in matmul.inputs)
+    factor = float(scale.attr("scalar"))  # type: ignore[arg-type]
+    if fill.op == Op.CAUSAL_FILL.value:
+        node = graph.call_function(_scores_causal, (q, kt, factor, fill.attr("offset")))
+    elif fill.op == Op.MASK_FILL.value:
+        node = graph.call_function(_scores_masked, (q, kt, factor, env[fill.inputs[1].node]))
+    else:
+        node = graph.call_function(_scores, (q, kt, factor, env[fill.inputs[1].node]))
+    node.meta[COMPUTED_META] = True
+    return node
+
+
+def _emit_softmax(
+    graph: fx.Graph, program: Graph, softmax: Node, x: fx.Node, env: Mapping[str, fx.Node]
+) -> fx.Node | None:
+    """A softmax that zeroes no NaN row where none can be (None: the general one)."""
+    axis = softmax.attr("axis")
+    if not _may_empty_rows(program, softmax):
+        return graph.call_function(_softmax_full, (x, axis))
+    fill = program.node(softmax.inputs[0].node)
+    if fill.op == Op.MASK_FILL.value and not _may_empty_rows(program, fill) and axis == -1:
+        # Rows only the mask can empty: the mask's rows say which.
+        return graph.call_function(_softmax_masked, (x, axis, env[fill.inputs[1].node]))
+    return None
+
+
+def _may_empty_rows(program: Graph, softmax: Node) -> bool:
+    """Whether a row of ``softmax``'s input may be only -inf (a NaN row to zero): unless it
+    is a product of the program's, scaled, reshaped, at most causally filled with the
+    diagonal kept (a kept key in every row)."""
+    step = program.node(softmax.inputs[0].node)
+    if step.op == Op.CAUSAL_FILL.value and int(step.attr("offset") or 0) >= 0:  # type: ignore[arg-type]
+        step = program.node(step.inputs[0].node)
+    while step.op == Op.RESHAPE.value or (step.op == Op.MUL.value and len(step.inputs) == 1):
+        step = program.node(step.inputs[0].node)
+    return step.op != Op.MATMUL.value
 
 
 def _private(program: Graph) -> set[str]:
