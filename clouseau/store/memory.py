@@ -29,7 +29,8 @@ class Calls:
         self.stopped = ""  # why the capture stopped early (a write error), "" if it did not
 
     def begin(self) -> int:
-        self.check_open()
+        if self.stopped or self.closed:  # the check is a call only where it raises
+            self.check_open()
         call, self.next_call = self.next_call, self.next_call + 1
         self.order[call] = 0
         return call
@@ -113,15 +114,15 @@ class MemorySink:
     out read-only, so that reading a capture never changes it.
 
     Cost: ``put`` runs inside every call of the model, so it only checks the dtypes,
-    numbers the values and keeps the ``SavedValue`` objects it was given, whose arrays
-    are the frontend's own copies; the records and read-only views are made once, when a
-    capture is next read.
+    numbers the values and keeps each one's names, node, array (the frontend's own copy)
+    and index as a plain tuple, which the garbage collector stops tracking; the records
+    and read-only views are made once, when a capture is next read.
     """
 
     def __init__(self) -> None:
         self._calls = Calls()
         self._items: list[tuple[Record, np.ndarray]] = []
-        # Per put not read yet: (call, graph id, order of its first value, values).
+        # Per put not read yet (_Put).
         self._pending: list[_Put] = []
 
     def add_graph(self, graph: Graph) -> int:
@@ -137,20 +138,23 @@ class MemorySink:
     def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
         calls = self._calls
         with calls.lock:
-            calls.check_open()
+            if calls.stopped or calls.closed:
+                calls.check_open()
+            # Plain tuples of strings and arrays, not the SavedValue objects: the garbage
+            # collector stops tracking them, so a long capture does not make every
+            # collection (and so every call) slower.
             kept = []
             for value in values:
                 array = value.array
                 if type(array) is not np.ndarray:  # converted once, and kept converted
                     array = np.asarray(array)
-                    value = SavedValue(value.names, value.node, array, value.index)
                 if array.dtype not in _NATIVE:
                     # Before anything is numbered: a refused dtype saves nothing of the put.
                     _refuse_dtype(value.name, array.dtype)
-                kept.append(value)
+                kept.append((value.names, value.node, array, value.index))
             order = calls.order.get(call, 0)
             calls.order[call] = order + len(kept)
-            self._pending.append((call, graph_id, order, kept))
+            self._pending.append((call, graph_id, order, tuple(kept)))
 
     def end_call(self, call: int) -> None:
         pass
@@ -183,17 +187,18 @@ class MemorySink:
         their arrays as the files would hold them, read-only."""
         items = self._items
         for call, graph_id, order, values in self._pending:
-            for position, value in enumerate(values):
-                names, index = tuple(value.names), tuple(int(i) for i in value.index)
+            for position, (value_names, node, array, value_index) in enumerate(values):
+                names, index = tuple(value_names), tuple(int(i) for i in value_index)
                 key = tensor_key(names[0], call, index)
-                record = Record(key, names, value.node, call, order + position, graph_id, index)
-                view = storable(value.array).view()
+                record = Record(key, names, node, call, order + position, graph_id, index)
+                view = storable(array).view()
                 view.flags.writeable = False
                 items.append((record, view))
         self._pending.clear()
 
 
-_Put = tuple[int, int, int, list[SavedValue]]
+# (call, graph id, order of its first value, per value (names, node, array, index)).
+_Put = tuple[int, int, int, tuple[tuple[Sequence[str], str, np.ndarray, Sequence[int]], ...]]
 _NATIVE = frozenset(TO_NUMPY.values())  # the dtypes a file holds as they are
 
 

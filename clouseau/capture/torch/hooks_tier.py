@@ -301,7 +301,8 @@ class ModuleHooks:
 
     def _open(self, root: torch.nn.Module) -> None:
         self._thread, self._root = get_ident(), root
-        self._clear()
+        if self._met or self._values:  # every end of a call clears them already
+            self._clear()
         # The first call begins in the sink (which replaces an earlier capture at its
         # path) only at its first selected output: a rerun that fails before, on a wrong
         # input, leaves the earlier capture whole.
