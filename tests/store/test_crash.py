@@ -170,16 +170,16 @@ def test_a_graph_whose_file_cannot_be_written_leaves_no_gap(
     # "not a clouseau capture".
     from clouseau.store import files
 
-    real = files.write_json
+    real = files.write_bytes
     fail = {"graph-001.json"}
 
-    def flaky(path: Path, data: object, *, replace: bool) -> None:
+    def flaky(path: Path, data: bytes, *, replace: bool) -> None:
         if path.name in fail:
             fail.discard(path.name)
             raise OSError(28, "No space left on device")
         real(path, data, replace=replace)
 
-    monkeypatch.setattr(writer_module, "write_json", flaky)
+    monkeypatch.setattr(writer_module, "write_bytes", flaky)  # graph files go through it
     sink = DirectorySink(tmp_path)
     assert sink.add_graph(small_graph()) == 0
     with pytest.raises(CaptureError, match=r"cannot write .*graph-001\.json: No space left"):
