@@ -104,6 +104,25 @@ def test_data_dependent_models_save_every_module_on_every_call(
     check_every_call(make(), inputs)
 
 
+@pytest.mark.parametrize(
+    "make",
+    [dm.EarlyExit, dm.WhileNorm, dm.TopKMoE],
+    ids=["early_exit", "while_norm", "root_skipped"],
+)
+def test_the_dynamic_tiers_model_input_is_a_point_on_every_call(
+    make: Callable[[], torch.nn.Module],
+) -> None:
+    # The input goes straight into a hooked module: Dynamo sees it only in that module's
+    # frame (or in none, where the root frame is skipped), whose inputs are no points.
+    torch.manual_seed(0)
+    inputs = [_rows(i, 3 if i % 2 == 0 else 5, 2.0) for i in range(3)]
+    fmodel = check_every_call(make(), inputs)
+    cap = fmodel.captured
+    assert cap.graph.trace_kind is clouseau.ir.TraceKind.TORCH_DYNAMO
+    for call, x in zip(cap.calls, inputs, strict=True):
+        np.testing.assert_array_equal(cap.get("x", call=call), x.numpy())
+
+
 def _qwen2_moe() -> torch.nn.Module:
     from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 
