@@ -53,9 +53,10 @@ def eager_points(
     return out, found
 
 
-def check_every_call(model: torch.nn.Module, inputs: list[torch.Tensor]) -> Any:
-    """``select="*"``: each call's module outputs equal eager hooks, none missing."""
-    fmodel = clouseau.instrument(model, select="*", path=None)
+def check_every_call(model: torch.nn.Module, inputs: list[torch.Tensor], select: Any = "*") -> Any:
+    """Each call's module outputs equal eager hooks, none missing (``select`` picks them
+    all: ``"*"``, or every module's output and elements on the hook path)."""
+    fmodel = clouseau.instrument(model, select=select, path=None)
     for i, x in enumerate(inputs):
         torch.manual_seed(i)
         expected, points = eager_points(model, x)
