@@ -23,6 +23,7 @@ from clouseau.capture.torch._compat import dynamo_exception
 from clouseau.capture.torch._quiet import quiet_dynamo
 from clouseau.capture.torch.hooks_tier import ModuleHooks, hooked_paths
 from clouseau.capture.torch.host import to_numpy
+from clouseau.capture.torch.names import element_paths
 from clouseau.capture.torch.naming import spec_of
 from clouseau.capture.torch.regions import RegionCompiler
 from clouseau.capture.torch.tiers import Tier
@@ -164,14 +165,9 @@ class InputPoints:
 def _tensors(name: str, value: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """``(dotted name, tensor)`` for each tensor of an argument, as Dynamo's sources name
     them (``images.0``)."""
-    if isinstance(value, torch.Tensor):
-        yield name, value
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            yield from _tensors(f"{name}.{key}", item)
-    elif isinstance(value, tuple | list):
-        for index, item in enumerate(value):
-            yield from _tensors(f"{name}.{index}", item)
+    for suffix, leaf in element_paths(value):
+        if isinstance(leaf, torch.Tensor):
+            yield name + suffix.replace(":", "."), leaf
 
 
 def dynamo_failed(error: BaseException) -> bool:
