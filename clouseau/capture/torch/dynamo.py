@@ -14,6 +14,7 @@ eagerly is never refused.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -113,38 +114,40 @@ class InputPoints:
         self._select = select
         self._sink = sink
         self._signature = forward_signature(model)
-        self._graphs: dict[
-            tuple[Any, ...], tuple[int, tuple[tuple[int, str, tuple[str, ...]], ...]]
-        ] = {}
+        # Per sequence of inputs: its graph (added to the sink at its first put, after the
+        # regions of that call: a capture's first graph stays the model's) and its saves.
+        self._graphs: dict[tuple[Any, ...], _InputGraph] = {}
         self.graphs = 0
         self.saved = 0  # how many values the latest call saved
 
-    def copy(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, list[SavedValue]]:
-        """The graph id and host copies of the selected inputs of one call."""
+    def copy(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[SavedValue]]:
+        """Host copies of the selected inputs of one call, and their graph's key."""
         self.saved = 0
         if self._select is None:
-            return -1, []
+            return None, []
         arguments = bind(self._model, args, kwargs, self._signature)
         leaves = [leaf for name, value in arguments.items() for leaf in _tensors(name, value)]
         key = tuple((name, t.dim(), t.dtype) for name, t in leaves)
         found = self._graphs.get(key)
         if found is None:
             found = self._graphs[key] = self._graph(leaves)
-        graph_id, saves = found
-        return graph_id, [
-            SavedValue(names, node, to_numpy(leaves[i][1])) for i, node, names in saves
+        return key, [
+            SavedValue(names, node, to_numpy(leaves[i][1])) for i, node, names in found.saves
         ]
 
-    def put(self, call: int, copied: tuple[int, list[SavedValue]]) -> None:
+    def put(self, call: int, copied: tuple[Any, list[SavedValue]]) -> None:
         """Save what :meth:`copy` took into ``call``."""
-        graph_id, values = copied
+        key, values = copied
         self.saved = len(values)
-        if values:
-            self._sink.put(call, graph_id, values)
+        if not values:
+            return
+        found = self._graphs[key]
+        if found.graph_id < 0:
+            found.graph_id = self._sink.add_graph(found.graph)
+            self.graphs += 1
+        self._sink.put(call, found.graph_id, values)
 
-    def _graph(
-        self, leaves: list[tuple[str, torch.Tensor]]
-    ) -> tuple[int, tuple[tuple[int, str, tuple[str, ...]], ...]]:
+    def _graph(self, leaves: list[tuple[str, torch.Tensor]]) -> _InputGraph:
         nodes = [Node(name, NodeKind.INPUT, "input", outputs=(spec_of(t),)) for name, t in leaves]
         graph = verify(
             Graph(
@@ -156,10 +159,17 @@ class InputPoints:
         )
         chosen = {p.name for p in select_points(graph, self._select, strict=False)}
         saves = tuple((i, name, (name,)) for i, (name, _) in enumerate(leaves) if name in chosen)
-        if not saves:
-            return -1, ()
-        self.graphs += 1
-        return self._sink.add_graph(insert_saves(graph, self._select, strict=False)), saves
+        return _InputGraph(insert_saves(graph, self._select, strict=False), saves)
+
+
+@dataclass
+class _InputGraph:
+    """The graph of one sequence of inputs, its id once added, and (index, node, names)
+    per saved input."""
+
+    graph: Graph
+    saves: tuple[tuple[int, str, tuple[str, ...]], ...]
+    graph_id: int = -1
 
 
 def _tensors(name: str, value: Any) -> Iterator[tuple[str, torch.Tensor]]:
