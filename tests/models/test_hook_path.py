@@ -25,7 +25,7 @@ Build = Callable[[], tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any]]]
 
 
 def _dotted_paths(model: torch.nn.Module) -> list[str]:
-    # Dotted paths: a dotless one that is a torch function's name (``relu``) is traced.
+    # A dotless glob also matches ops at the root: the hook path takes dotted ones only.
     return [p for p, _ in model.named_modules() if "." in p]
 
 

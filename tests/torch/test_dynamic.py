@@ -15,7 +15,6 @@ import torch
 
 import clouseau
 from clouseau.capture.torch import regions
-from clouseau.ir.selection import as_selector
 from tests.torch import dynamic_models as dm
 from tests.torch.conftest import assert_same, eager_with_hooks
 
@@ -138,8 +137,7 @@ def test_early_exit() -> None:
 
 def test_select_and_graphs_of_the_dynamic_tier() -> None:
     model = dm.IfMean()
-    # A Selector: plain globs naming modules only would take the hook path.
-    fmodel = clouseau.instrument(model, select=as_selector(["up", "down"]), path=None)
+    fmodel = clouseau.instrument(model, select=["up", "down"], path=None)
     with pytest.warns(UserWarning, match=TIER):
         for i in range(6):
             fmodel(_inputs(i))

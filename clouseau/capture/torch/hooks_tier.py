@@ -56,13 +56,12 @@ def module_paths_selected(model: torch.nn.Module, select: SelectLike) -> tuple[s
     """The module paths whose outputs ``select`` may pick, or None if it may pick others.
 
     Only globs are judged (a callable or a Selector may pick anything): each positive glob
-    must have a last component without wildcards and name a module of ``model`` once a
-    ``:<element>`` and a ``_<k>`` repeat suffix are set aside. An op is named
-    ``<module path>.<op>`` and a module path is never an op's name, so such a glob matches
-    module outputs only; a glob with wildcards could also reach ``<other path>.<op>``, and
-    a dotless one the root's own ops (``"relu"``), so there the last component must not
-    be the name of a torch function or operator (``"blocks.*.relu"`` is traced, ``"rpn"``
-    is not).
+    must have a dot (a dotless glob also matches op names, ``"relu*"``), a last component
+    without wildcards, and name a module of ``model`` once a ``:<element>`` and a ``_<k>``
+    repeat suffix are set aside. An op is named ``<module path>.<op>`` and a module path
+    is never an op's name, so such a glob matches module outputs only; a glob with
+    wildcards could also reach ``<other path>.<op>``, so its last component must not be
+    the name of a torch function or operator (``"blocks.*.relu"`` is traced).
     """
     if isinstance(select, str):
         select = (select,)
@@ -76,9 +75,9 @@ def module_paths_selected(model: torch.nn.Module, select: SelectLike) -> tuple[s
     for glob in positive:
         base = glob.split(":", 1)[0]
         last = base.rsplit(".", 1)[-1]
-        if _WILD.search(last):
+        if "." not in base or _WILD.search(last):
             return None
-        if ("." not in base or _WILD.search(base)) and _is_op_name(_REPEAT.sub("", last)):
+        if _WILD.search(base) and _is_op_name(_REPEAT.sub("", last)):
             return None
         stripped = _REPEAT.sub("", base)
         hits = [
