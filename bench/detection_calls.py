@@ -2,13 +2,13 @@
 later ones, per selection.
 
     python -m bench.detection_calls          # 5 later calls per selection
-    python -m bench.detection_calls --calls 2
+    python -m bench.detection_calls --calls 2 --select rpn
 
 ``fasterrcnn_mobilenet_v3_large_320_fpn`` (``weights=None``, ``min_size=64``,
-``max_size=96``) on two images, at two input shapes that alternate. ``select=["*"]``
-takes the dynamic tier (TorchDynamo regions, module outputs by hooks); ``["rpn"]`` the
-hook path. Eager calls interleave with instrumented ones in one process, so a ratio
-compares like with like on a loaded machine; the median of each is reported.
+``max_size=96``) on two images, at two input shapes that alternate; both selections
+take the dynamic tier (TorchDynamo regions, module outputs by hooks). Eager calls
+interleave with instrumented ones in one process, so a ratio compares like with like on
+a loaded machine; the median of each is reported.
 """
 
 from __future__ import annotations
@@ -77,10 +77,11 @@ def measure(select: list[str], later: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=5, help="later calls per selection")
+    parser.add_argument("--select", action="append", help="a selection (repeatable; rpn, *)")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     torch.set_num_threads(1)
-    for select in (["rpn"], ["*"]):
+    for select in [[s] for s in args.select] if args.select else (["rpn"], ["*"]):
         row = measure(select, args.calls)
         print(f"select={select}: " + ", ".join(f"{k} {v:.3g}" for k, v in row.items()))
 
