@@ -65,13 +65,20 @@ def enable() -> None:
     """Let torchvision call the operators of :func:`define_schemas` (imports torchvision).
 
     torchvision checks ``torchvision.extension._has_ops()`` before ``nms``; it answered
-    False at import, as the extension did not load.
+    False at import, as the extension did not load. ``roi_align`` holds its own reference
+    to it, and without the operator runs torchvision's ``lazy_compile``d fallback (Inductor
+    code eagerly, and under TorchDynamo the Python inlined into the caller's graph: two
+    results that differ in the last bits); with it, the kernel below, opaque to Dynamo.
     """
     if not define_schemas():
         return
+    import sys
+
     import torchvision.extension
+    import torchvision.ops
 
     torchvision.extension._has_ops = lambda: True
+    sys.modules["torchvision.ops.roi_align"]._has_ops = torchvision.extension._has_ops
 
 
 def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
@@ -112,12 +119,17 @@ def roi_align(
     sampling_ratio: int,
     aligned: bool,
 ) -> torch.Tensor:
-    """RoIAlign through torchvision's own torch-operation implementation (its compile path)."""
+    """RoIAlign through torchvision's own torch-operation implementation, run eagerly.
+
+    torchvision wraps that implementation in ``lazy_compile``: its first call replaces it
+    with ``torch.compile(..., dynamic=True)``, Inductor code whose float results may
+    change in the last bits with a recompilation. A kernel gives one value for one input,
+    so the function under the wrapper runs.
+    """
     from torchvision.ops.roi_align import _roi_align
 
-    return _roi_align(
-        input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned
-    )
+    eager = getattr(_roi_align, "__wrapped__", _roi_align)  # functools.wraps keeps it
+    return eager(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
 
 
 def _roi_align_fake(input: torch.Tensor, rois: torch.Tensor, *args: Any) -> torch.Tensor:

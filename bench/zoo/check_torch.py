@@ -145,7 +145,7 @@ def _compare(
     for i, (x, y) in enumerate(zip(a, e, strict=True)):
         if why := _differs(to_numpy(x), to_numpy(y)):
             return f"output {i} {why}"
-    values = _by_name(hooks, captured.graph)
+    values = hooks.named(captured.graph)
     if select != "*":  # a module's elements (<path>:0) are picked with it
         globs = (select,) if isinstance(select, str) else select
         values = {name: value for name, value in values.items()
@@ -173,24 +173,6 @@ def _differs(actual: np.ndarray, expected: np.ndarray) -> str:
         return ""
     gap = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
     return f"differs from eager at {int((~same).sum())} of {same.size} (max |diff| {np.nanmax(gap):.2e})"
-
-
-def _by_name(hooks: OutputHooks, graph: Any) -> dict[str, torch.Tensor]:
-    """Every hooked module output by its point name: as the graph's ``module_calls``
-    says, or (a graph without them) by docs/names.md's rule: a module's first call is its
-    path, its k-th ``<path>_<k>`` with the first free ``k`` from the call's index on."""
-    if graph.meta_value("module_calls") is not None:
-        return hooks.by_name(graph)
-    owned = set(hooks.calls)
-    found: dict[str, torch.Tensor] = {}
-    for path, calls in hooks.calls.items():
-        for index, values in enumerate(calls):
-            name, k = path, index
-            while index and (name == path or name in owned):
-                name, k = f"{path}_{k}", k + 1
-            owned.add(name)
-            found.update({name + suffix: v for suffix, v in values.items()})
-    return found
 
 
 def _same_structure(got: Any, want: Any) -> str:

@@ -58,6 +58,25 @@ class OutputHooks:
         return found
 
 
+    def named(self, graph: Any) -> dict[str, torch.Tensor]:
+        """Every value by its point name: as the graph's ``module_calls`` says, or (a graph
+        without them: the dynamic tier, the hook path) by docs/names.md's rule: a module's
+        first call is its path, its k-th ``<path>_<k>`` with the first free ``k`` from the
+        call's index on."""
+        if graph.meta_value("module_calls") is not None:
+            return self.by_name(graph)
+        owned = set(self.calls)
+        found: dict[str, torch.Tensor] = {}
+        for path, calls in self.calls.items():
+            for index, values in enumerate(calls):
+                name, k = path, index
+                while index and (name == path or name in owned):
+                    name, k = f"{path}_{k}", k + 1
+                owned.add(name)
+                found.update({name + suffix: v for suffix, v in values.items()})
+        return found
+
+
 def tensors_of(value: Any) -> list[torch.Tensor]:
     """The tensors of a model output (tuples, dicts, ModelOutput, cache objects)."""
     from torch.utils._pytree import tree_leaves

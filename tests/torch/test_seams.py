@@ -53,9 +53,10 @@ def eager_points(
     return out, found
 
 
-def check_every_call(model: torch.nn.Module, inputs: list[torch.Tensor]) -> Any:
-    """``select="*"``: each call's module outputs equal eager hooks, none missing."""
-    fmodel = clouseau.instrument(model, select="*", path=None)
+def check_every_call(model: torch.nn.Module, inputs: list[torch.Tensor], select: Any = "*") -> Any:
+    """Each call's module outputs equal eager hooks, none missing (``select`` picks them
+    all: ``"*"``, or every module's output and elements on the hook path)."""
+    fmodel = clouseau.instrument(model, select=select, path=None)
     for i, x in enumerate(inputs):
         torch.manual_seed(i)
         expected, points = eager_points(model, x)
@@ -102,6 +103,26 @@ def test_data_dependent_models_save_every_module_on_every_call(
     torch.manual_seed(0)
     inputs = [_rows(i, 3 if i % 2 == 0 else 5, s) for i, s in enumerate(scales)]  # two shapes
     check_every_call(make(), inputs)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [dm.EarlyExit, dm.WhileNorm, dm.TopKMoE],
+    ids=["early_exit", "while_norm", "root_skipped"],
+)
+def test_the_dynamic_tiers_model_input_is_a_point_on_every_call(
+    make: Callable[[], torch.nn.Module],
+) -> None:
+    # The input goes straight into a hooked module: Dynamo sees it only in that module's
+    # frame (or in none, where the root frame is skipped), whose inputs are no points.
+    torch.manual_seed(0)
+    inputs = [_rows(i, 3 if i % 2 == 0 else 5, 2.0) for i in range(3)]
+    fmodel = check_every_call(make(), inputs)
+    cap = fmodel.captured
+    assert cap.graph.trace_kind is clouseau.ir.TraceKind.TORCH_DYNAMO
+    assert cap.graph.meta_value("tier") != "inputs"  # the first graph is the model's own
+    for call, x in zip(cap.calls, inputs, strict=True):
+        np.testing.assert_array_equal(cap.get("x", call=call), x.numpy())
 
 
 def _qwen2_moe() -> torch.nn.Module:

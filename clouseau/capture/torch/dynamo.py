@@ -13,7 +13,8 @@ eagerly is never refused.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,12 +23,18 @@ from clouseau.capture._common import SinkCall, first_line
 from clouseau.capture.torch._compat import dynamo_exception
 from clouseau.capture.torch._quiet import quiet_dynamo
 from clouseau.capture.torch.hooks_tier import ModuleHooks, hooked_paths
+from clouseau.capture.torch.host import to_numpy
+from clouseau.capture.torch.names import element_paths
+from clouseau.capture.torch.naming import spec_of
 from clouseau.capture.torch.regions import RegionCompiler
 from clouseau.capture.torch.tiers import Tier
+from clouseau.capture.torch.traced import bind, forward_signature
 from clouseau.ir.actions import Action
-from clouseau.ir.graph import TraceKind
-from clouseau.ir.selection import SelectLike
-from clouseau.ir.sink import Sink
+from clouseau.ir.graph import Graph, Node, NodeKind, TraceKind
+from clouseau.ir.passes import insert_saves
+from clouseau.ir.selection import SelectLike, select_points
+from clouseau.ir.sink import SavedValue, Sink
+from clouseau.ir.verify import verify
 
 
 class DynamicTier:
@@ -56,6 +63,7 @@ class DynamicTier:
         self.hooks = ModuleHooks(
             model, select, sink, hooked_paths(model, select), trace_kind=TraceKind.TORCH_DYNAMO
         )
+        self.inputs = InputPoints(model, select, sink)
         self._model = model
         self._sink = sink
         # Set when Dynamo itself failed: why, for the warning of the hook tier.
@@ -63,17 +71,18 @@ class DynamicTier:
 
     @property
     def traces(self) -> int:
-        return self.compiler.traces + self.hooks.graphs
+        return self.compiler.traces + self.hooks.graphs + self.inputs.graphs
 
     @property
     def saved(self) -> int:
-        """How many values the latest call saved (hooks and regions)."""
-        return self.hooks.saved + self.compiler.saved
+        """How many values the latest call saved (inputs, hooks and regions)."""
+        return self.inputs.saved + self.hooks.saved + self.compiler.saved
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Dynamo may fail after the model drew random numbers: the eager rerun draws alike.
         rng = torch.get_rng_state()
         with SinkCall(self._sink) as call, self.hooks.within(call):
+            inputs = self.inputs.copy(args, kwargs)  # before the model changes them in place
             try:
                 with self.compiler.call(call), quiet_dynamo():
                     out = self.compiled(*args, **kwargs)
@@ -86,7 +95,89 @@ class DynamicTier:
                 self.hooks.discard()
                 out = self._model(*args, **kwargs)
                 self.failure = f"TorchDynamo: {first_line(error)}"
+            self.inputs.put(call, inputs)  # a call the model failed saves nothing
         return out
+
+
+class InputPoints:
+    """The model's tensor inputs of each dynamic-tier call, saved as the points ``<argument>``
+    (``<argument>.<index or key>`` inside a list, tuple or dict), as the regions name them.
+
+    A region cannot save them: an input that goes straight into a hooked module reaches
+    Dynamo only in that module's own frame (the call is a graph break), and a frame's or a
+    resumed region's inputs are values computed before, not the model's. One graph of
+    input nodes is recorded per sequence of names, ranks and dtypes.
+    """
+
+    def __init__(self, model: torch.nn.Module, select: SelectLike, sink: Sink) -> None:
+        self._model = model
+        self._select = select
+        self._sink = sink
+        self._signature = forward_signature(model)
+        # Per sequence of inputs: its graph (added to the sink at its first put, after the
+        # regions of that call: a capture's first graph stays the model's) and its saves.
+        self._graphs: dict[tuple[Any, ...], _InputGraph] = {}
+        self.graphs = 0
+        self.saved = 0  # how many values the latest call saved
+
+    def copy(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[SavedValue]]:
+        """Host copies of the selected inputs of one call, and their graph's key."""
+        self.saved = 0
+        if self._select is None:
+            return None, []
+        arguments = bind(self._model, args, kwargs, self._signature)
+        leaves = [leaf for name, value in arguments.items() for leaf in _tensors(name, value)]
+        key = tuple((name, t.dim(), t.dtype) for name, t in leaves)
+        found = self._graphs.get(key)
+        if found is None:
+            found = self._graphs[key] = self._graph(leaves)
+        return key, [
+            SavedValue(names, node, to_numpy(leaves[i][1])) for i, node, names in found.saves
+        ]
+
+    def put(self, call: int, copied: tuple[Any, list[SavedValue]]) -> None:
+        """Save what :meth:`copy` took into ``call``."""
+        key, values = copied
+        self.saved = len(values)
+        if not values:
+            return
+        found = self._graphs[key]
+        if found.graph_id < 0:
+            found.graph_id = self._sink.add_graph(found.graph)
+            self.graphs += 1
+        self._sink.put(call, found.graph_id, values)
+
+    def _graph(self, leaves: list[tuple[str, torch.Tensor]]) -> _InputGraph:
+        nodes = [Node(name, NodeKind.INPUT, "input", outputs=(spec_of(t),)) for name, t in leaves]
+        graph = verify(
+            Graph(
+                nodes=(*nodes, Node("output", NodeKind.OUTPUT, "output")),
+                name=type(self._model).__name__,
+                trace_kind=TraceKind.TORCH_DYNAMO,
+                meta=(("training", self._model.training), ("tier", "inputs")),
+            )
+        )
+        chosen = {p.name for p in select_points(graph, self._select, strict=False)}
+        saves = tuple((i, name, (name,)) for i, (name, _) in enumerate(leaves) if name in chosen)
+        return _InputGraph(insert_saves(graph, self._select, strict=False), saves)
+
+
+@dataclass
+class _InputGraph:
+    """The graph of one sequence of inputs, its id once added, and (index, node, names)
+    per saved input."""
+
+    graph: Graph
+    saves: tuple[tuple[int, str, tuple[str, ...]], ...]
+    graph_id: int = -1
+
+
+def _tensors(name: str, value: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(dotted name, tensor)`` for each tensor of an argument, as Dynamo's sources name
+    them (``images.0``)."""
+    for suffix, leaf in element_paths(value):
+        if isinstance(leaf, torch.Tensor):
+            yield name + suffix.replace(":", "."), leaf
 
 
 def dynamo_failed(error: BaseException) -> bool:

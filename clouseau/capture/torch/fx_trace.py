@@ -252,6 +252,12 @@ class NamingTracer(fx.Tracer):
                 f.name: self.create_arg(getattr(a, f.name)) for f in dataclasses.fields(a) if f.init
             }
             return self.create_node("call_function", type(a), (), fields)
+        # fx emits every mapping as a plain dict literal, and a namedtuple or list
+        # subclass as its base: rebuild the user's own container (torchvision's
+        # segmentation models return an OrderedDict).
+        if isinstance(a, dict) and type(a) is not dict:
+            items = tuple((self.create_arg(k), self.create_arg(v)) for k, v in a.items())
+            return self.create_node("call_function", type(a), (items,), {})
         return super().create_arg(a)
 
     def create_args_for_root(

@@ -10,6 +10,7 @@ buffers (BatchNorm running statistics) are restored and the RNG is forked.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 from clouseau.capture.torch._compat import tensor_version, tree_leaves
 from clouseau.capture.torch.live import GradCell, LivePlan
@@ -133,10 +135,13 @@ def probe_call(
 
 def _plain(value: Any) -> Any:
     """The interpreter's output as the generated code returns it: fx's immutable
-    containers are plain ``dict``/``list`` there (namedtuples stay as they are)."""
-    if isinstance(value, dict):
+    containers are plain ``dict``/``list`` there; the user's own containers (an
+    ``OrderedDict``, a namedtuple, a dataclass) stay as they are."""
+    if type(value) is dict or type(value) is immutable_dict:
         return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
+    if type(value) is OrderedDict:
+        return OrderedDict((k, _plain(v)) for k, v in value.items())
+    if type(value) is list or type(value) is immutable_list:
         return [_plain(v) for v in value]
     if type(value) is tuple:
         return tuple(_plain(v) for v in value)

@@ -73,8 +73,8 @@ class RegionCompiler:
         The model, when known (its class names the graphs, its mode is recorded).
     module_outputs
         Whether the regions save module outputs; False where forward hooks save them
-        (the dynamic tier): a region then saves ops only, and a frame Dynamo skips is no
-        failure, as the hooks see its modules.
+        (the dynamic tier): a region then saves ops only (the tier saves the model's
+        inputs), and a frame Dynamo skips is no failure, as the hooks see its modules.
     """
 
     def __init__(
@@ -129,9 +129,10 @@ class RegionCompiler:
             symbols = export_symbols(gm.graph, "example_value")
             model = TracedModel(traced, facts, build_graph(root, traced, facts, symbols))
             select = self._select
-            if select is not None and (_resumed(gm) or frame[0]):
+            if select is not None and (_resumed(gm) or frame[0] or not self._module_outputs):
                 # A resumed region's inputs, or those of a nested module's frame, are
-                # values computed before (and saved): not points of their own here.
+                # values computed before (and saved): not points of their own here; the
+                # dynamic tier saves the model's inputs itself (dynamo.InputPoints).
                 select = as_selector(select) & Selector(_not_an_input, "not an input")
             if select is not None and not self._module_outputs:
                 select = as_selector(select) & Selector(_not_a_module_output, "an op")
