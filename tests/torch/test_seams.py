@@ -9,6 +9,8 @@ mixtures of experts whose experts run in a Python loop.
 
 from __future__ import annotations
 
+import fnmatch
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -70,11 +72,28 @@ def check_every_call(model: torch.nn.Module, inputs: list[torch.Tensor], select:
         cap = fmodel.captured
         call = cap.calls[-1]
         assert call == i and not cap.failed_calls
+        points = _selected(points, select)
         missing = [name for name in points if cap.get(name, call=call) is None]
         assert not missing, (i, missing)
         for name, want in points.items():
             np.testing.assert_array_equal(cap.get(name, call=call), want.numpy(), err_msg=name)
     return fmodel
+
+
+def _selected(points: dict[str, torch.Tensor], select: Any) -> dict[str, torch.Tensor]:
+    """The points a list of module globs picks (a module's elements and repeats with it)."""
+    if select == "*":
+        return points
+    globs = (select,) if isinstance(select, str) else tuple(select)
+    return {
+        name: value
+        for name, value in points.items()
+        if any(
+            fnmatch.fnmatchcase(base, g) or fnmatch.fnmatchcase(re.sub(r"_\d+$", "", base), g)
+            for base in (name.split(":")[0],)
+            for g in globs
+        )
+    }
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

@@ -9,7 +9,7 @@ import torch
 
 from clouseau.ir.graph import TraceKind
 from tests.torch import torchlens_models as tl
-from tests.torch.test_seams import check_every_call
+from tests.torch.test_seams import check_every_call, eager_points
 
 
 def _ids(seed: int, shape: tuple[int, int]) -> torch.Tensor:
@@ -20,8 +20,14 @@ CALLS = [_ids(0, (2, 5)), _ids(1, (3, 7)), _ids(2, (2, 5))]
 
 
 def _every_module(model: torch.nn.Module) -> list[str]:
-    """Every module's output and its elements, as module globs: the hook path."""
-    return [g for p, _ in model.named_modules() if p for g in (p, f"{p}:*")]
+    """Every called submodule's output and, where it has any, its elements, as module
+    globs: the hook path (dotless globs such as ``embed`` take the traced path, and a
+    glob that matches no point is an error)."""
+    _, points = eager_points(model, CALLS[0])
+    tupled = {name.split(":")[0] for name in points if ":" in name}
+    called = {name.split(":")[0] for name in points}  # a ModuleList is never called
+    paths = [p for p, _ in model.named_modules() if p in called and "." in p]
+    return [*paths, *(f"{p}:*" for p in paths if p in tupled)]
 
 
 def test_moe_model_on_the_traced_path() -> None:
