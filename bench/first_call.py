@@ -32,9 +32,9 @@ from typing import Any
 import torch
 
 PARTS = {
-    "fx trace": ("fx_trace.py", "trace_fx"),
-    "torch.export": ("export_trace.py", "trace_export"),
-    "probe (first run)": ("probe.py", "probe_call"),
+    "fx trace": ("tracing/fx.py", "trace_fx"),
+    "torch.export": ("tracing/export.py", "trace_export"),
+    "probe (first run)": ("tracing/probe.py", "probe_call"),
     "dynamo compile": ("convert_frame.py", "_compile"),
 }
 

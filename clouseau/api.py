@@ -135,7 +135,7 @@ def backend(
 
     Returns
     -------
-    clouseau.capture.torch.backend.Backend
+    clouseau.capture.torch.dynamic.backend.Backend
         Pass it as ``backend=``; a context manager whose exit (or ``close()``) flushes the
         capture, with ``captured`` and ``traces``. Each run of a compiled graph is one call.
     """

@@ -36,9 +36,9 @@ COMPAT = frozenset({
 # the coordinator empties this afterwards. An entry that no longer occurs fails
 # test_known_internals_still_occur, so that the list never outlives its use.
 KNOWN_USES: frozenset[tuple[str, str]] = frozenset({
-    ("clouseau.capture.torch.signature", "torch.utils._pytree"),
-    ("clouseau.capture.torch.symbolic", "torch.nn.modules.batchnorm._BatchNorm"),
-    ("clouseau.capture.torch.symbolic", "torch.nn.modules.dropout._DropoutNd"),
+    ("clouseau.capture.torch.runtime.signature", "torch.utils._pytree"),
+    ("clouseau.capture.torch.tracing.symbolic", "torch.nn.modules.batchnorm._BatchNorm"),
+    ("clouseau.capture.torch.tracing.symbolic", "torch.nn.modules.dropout._DropoutNd"),
 })  # fmt: skip
 
 

@@ -96,3 +96,12 @@ def test_the_architecture_page_names_every_member_of_the_frontend_protocol() -> 
     assert {"name", "trace", "instrument", "lower", "children"} <= members
     named = set(re.findall(r"`(\w+)`", _architecture()))
     assert members <= named, f"docs/architecture.md does not name {sorted(members - named)}"
+
+
+def test_the_architecture_page_shows_each_group_of_the_torch_frontend() -> None:
+    torch_dir = PACKAGE / "capture" / "torch"
+    groups = sorted(p.parent.name for p in torch_dir.glob("*/__init__.py"))
+    assert len(groups) >= 5
+    text = _architecture()
+    missing = [g for g in groups if f"`clouseau/capture/torch/{g}/`" not in text]
+    assert not missing, f"docs/architecture.md's torch layout does not show {missing}"

@@ -3,7 +3,7 @@
 A computed point is one IR node (op :data:`COMPUTED`) that reads model values and holds
 a small *program* as its subgraph: input nodes ``in0 .. inN`` (its inputs, in order),
 then ops of the framework-neutral set :class:`Op`, then an output node. Each frontend
-lowers the ops (``clouseau.capture.torch.computed``); it does so only for a computed
+lowers the ops (``clouseau.capture.torch.lowering.computed``); it does so only for a computed
 point a save reads, so an unselected one costs nothing, and a computed point never
 feeds the model: its outputs stay bitwise.
 

@@ -463,7 +463,7 @@ def _write_job(job: Job) -> None:
 
 _LIVE: weakref.WeakSet[Core] = weakref.WeakSet()
 # The JSON of the last graphs written, by graph object: a new instrumented model of a model
-# seen before writes the very graph an earlier one did (capture/torch/reuse.py), and
+# seen before writes the very graph an earlier one did (capture/torch/runtime/reuse.py), and
 # encoding it again was an eighth of a `with instrument(..., path=DIR)` on the quickstart.
 _GRAPH_JSON: OrderedDict[int, tuple[weakref.ref[Graph], bytes]] = OrderedDict()
 _GRAPH_JSON_LOCK = threading.Lock()

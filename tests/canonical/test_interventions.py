@@ -217,7 +217,7 @@ class _Branchy(torch.nn.Module):
 
 
 def test_an_intervention_on_a_computed_pattern_in_the_dynamic_tier_is_the_eager_patch() -> None:
-    from clouseau.capture.torch.tiers import Tier
+    from clouseau.capture.torch.runtime.tiers import Tier
 
     fam = BY_NAME["gpt2"]
     model = fam.model("sdpa")

@@ -138,8 +138,8 @@ def test_families_without_sdpa_have_their_own_softmax_as_pattern(family: Family)
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_scores_and_pattern_together_compute_scores_once(family: str) -> None:
-    from clouseau.capture.torch.computed import COMPUTED_META, MATMULS
-    from clouseau.capture.torch.lower import lower
+    from clouseau.capture.torch.lowering.computed import COMPUTED_META, MATMULS
+    from clouseau.capture.torch.lowering.lower import lower
 
     fam = next(f for f in FUSED if f.name == family)
     model = fam.model("sdpa")

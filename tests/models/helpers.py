@@ -9,7 +9,7 @@ import torch
 
 import clouseau
 from clouseau.capture.torch import to_numpy
-from clouseau.capture.torch.names import clean_paths, element_paths
+from clouseau.capture.torch.naming.points import clean_paths, element_paths
 
 
 class OutputHooks:
@@ -56,7 +56,6 @@ class OutputHooks:
             for name, values in zip(names[path], calls, strict=True):
                 found.update({name + suffix: v for suffix, v in values.items()})
         return found
-
 
     def named(self, graph: Any) -> dict[str, torch.Tensor]:
         """Every value by its point name: as the graph's ``module_calls`` says, or (a graph

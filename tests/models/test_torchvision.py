@@ -114,7 +114,7 @@ def test_module_outputs_equal_hooks_and_names_equal_create_feature_extractor(nam
     captured = fmodel.captured
     # torchvision returns a value a later in-place op changed (relu(inplace=True) after
     # an add, inception's `bn`); clouseau saves the value at its point, a snapshot (see
-    # clouseau/capture/torch/lower.py).
+    # clouseau/capture/torch/lowering/lower.py).
     lowered = fmodel.lowered(x)
     snapshots = {
         point

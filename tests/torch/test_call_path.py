@@ -11,7 +11,7 @@ from torch import nn
 
 from clouseau.capture import torch as ct
 from clouseau.capture.torch._sync import TRACE_LOCK
-from clouseau.capture.torch.traced import InputPicker
+from clouseau.capture.torch.tracing.traced import InputPicker
 from tests.conftest import RecordingSink
 from tests.torch.conftest import assert_same
 

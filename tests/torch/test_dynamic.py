@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import clouseau
-from clouseau.capture.torch import regions
+from clouseau.capture.torch.dynamic import regions
 from tests.torch import dynamic_models as dm
 from tests.torch.conftest import assert_same, eager_with_hooks
 

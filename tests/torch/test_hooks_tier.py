@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import clouseau
-from clouseau.capture.torch.hooks_tier import module_paths_selected
+from clouseau.capture.torch.runtime.hooks import module_paths_selected
 from clouseau.ir.graph import TraceKind
 from clouseau.ir.selection import as_selector
 

@@ -9,7 +9,7 @@ import torch
 import torch.fx as fx
 
 from clouseau.capture import torch as ct
-from clouseau.capture.torch.naming import LocalNamer
+from clouseau.capture.torch.naming.points import LocalNamer
 from clouseau.ir.graph import DType, NodeKind, OpaqueSpec, TensorSpec, TraceKind
 from clouseau.ir.verify import verify
 from tests.torch import models

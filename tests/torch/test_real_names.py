@@ -12,7 +12,7 @@ from torch import nn
 
 import clouseau
 from clouseau.capture import torch as ct
-from clouseau.capture.torch.names import clean_paths
+from clouseau.capture.torch.naming.points import clean_paths
 from clouseau.ir.graph import TraceKind
 from tests.models.helpers import OutputHooks, check_model
 

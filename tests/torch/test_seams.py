@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import clouseau
-from clouseau.capture.torch.names import element_paths
+from clouseau.capture.torch.naming.points import element_paths
 from tests.torch import dynamic_models as dm
 
 

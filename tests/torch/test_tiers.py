@@ -1,4 +1,4 @@
-"""The tier sequence (``capture/torch/tiers.py``), driven alone and through real models.
+"""The tier sequence (``capture/torch/runtime/tiers.py``), driven alone and through real models.
 
 The decisions are plain functions of plain facts; each is checked on its own, then on the
 models whose calls take each tier (the tier a model uses is read from its graphs).
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import clouseau
-from clouseau.capture.torch import tiers
-from clouseau.capture.torch.tiers import SEQUENCE, Tier
+from clouseau.capture.torch.runtime import tiers
+from clouseau.capture.torch.runtime.tiers import SEQUENCE, Tier
 from clouseau.ir.graph import TraceKind
 from tests.torch import dynamic_models as dm
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from clouseau.capture.torch.host import to_numpy
-from clouseau.capture.torch.ir_build import trace_model
-from clouseau.capture.torch.lower import Lowered, lower
-from clouseau.capture.torch.module import InstrumentedModule
-from clouseau.capture.torch.names import torchvision_points
-from clouseau.capture.torch.traced import mark_leaf
+from clouseau.capture.torch.lowering.lower import Lowered, lower
+from clouseau.capture.torch.naming.points import torchvision_points
+from clouseau.capture.torch.runtime.host import to_numpy
+from clouseau.capture.torch.runtime.module import InstrumentedModule
+from clouseau.capture.torch.tracing.ir_build import trace_model
+from clouseau.capture.torch.tracing.traced import mark_leaf
 from clouseau.ir.graph import Graph
 from clouseau.ir.selection import SelectLike, check_select
 from clouseau.ir.sink import Sink
@@ -141,7 +141,7 @@ class TorchFrontend:
         compiler: str | Callable[..., Any],
         intervene: Mapping[Any, Any] | None,
     ) -> Any:
-        from clouseau.capture.torch.backend import Backend
+        from clouseau.capture.torch.dynamic.backend import Backend
 
         return Backend(select, sink, compiler=compiler, intervene=intervene)
 

@@ -42,7 +42,7 @@ def dynamo_exception() -> type[BaseException]:
 
 
 def user_forward_hooks(module: torch.nn.Module) -> dict[int, Any]:
-    """``module``'s forward hooks without clouseau's own (:mod:`hooks_tier`), which save
+    """``module``'s forward hooks without clouseau's own (:mod:`runtime.hooks`), which save
     nothing while a model is traced and are no user's code to reproduce in a graph."""
     return {
         k: h for k, h in module._forward_hooks.items() if not getattr(h, "clouseau_hook", False)

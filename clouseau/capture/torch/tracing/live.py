@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from clouseau.capture.torch.intervene import GradEmit, applier
-from clouseau.capture.torch.naming import spec_of
+from clouseau.capture.torch.lowering.intervene import GradEmit, applier
+from clouseau.capture.torch.tracing.specs import spec_of
 from clouseau.ir.actions import Action
 from clouseau.ir.computed import is_computed
 from clouseau.ir.errors import SelectionError

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import torch.fx as fx
 
-from clouseau.capture.torch.computed import lower_computed, replayed, softmax_node
+from clouseau.capture.torch.lowering.computed import lower_computed, replayed, softmax_node
 from clouseau.ir.computed import is_computed
 from clouseau.ir.computed_attention import decomposition
 from clouseau.ir.errors import SelectionError

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from clouseau.capture.torch.lower import Lowered, SaveTarget
-from clouseau.capture.torch.signature import storage_of, tensors_of
+from clouseau.capture.torch.lowering.lower import Lowered, SaveTarget
+from clouseau.capture.torch.runtime.signature import storage_of, tensors_of
 
 
 class Entry:

@@ -21,8 +21,8 @@ import torch.fx as fx
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 from clouseau.capture.torch._compat import tensor_version, tree_leaves
-from clouseau.capture.torch.live import GradCell, LivePlan
-from clouseau.capture.torch.naming import is_plain_value, spec_of
+from clouseau.capture.torch.tracing.live import GradCell, LivePlan
+from clouseau.capture.torch.tracing.specs import is_plain_value, spec_of
 from clouseau.ir.graph import Spec
 
 StorageKey = tuple[str, int]

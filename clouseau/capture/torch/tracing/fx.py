@@ -1,5 +1,5 @@
 """Trace with torch.fx, naming nodes as torchvision's ``get_graph_node_names`` (module
-paths first: see :mod:`clouseau.capture.torch.names`)."""
+paths first: see :mod:`clouseau.capture.torch.naming.points`)."""
 
 from __future__ import annotations
 
@@ -17,15 +17,17 @@ from clouseau.capture.torch._compat import (
     forward_hooks_with_kwargs,
     user_forward_hooks,
 )
-from clouseau.capture.torch.export_hooks import hooks_runner, run_hooks
-from clouseau.capture.torch.names import PointNamer, element_names, element_paths
-from clouseau.capture.torch.naming import (
+from clouseau.capture.torch.naming.points import (
     INPLACE_OPERATORS,
+    PointNamer,
+    element_names,
+    element_paths,
     function_op,
-    source_from_stack,
     target_name,
 )
-from clouseau.capture.torch.traced import (
+from clouseau.capture.torch.tracing.export_hooks import hooks_runner, run_hooks
+from clouseau.capture.torch.tracing.sources import source_from_stack
+from clouseau.capture.torch.tracing.traced import (
     InputPicker,
     NodeInfo,
     Traced,

@@ -2,9 +2,9 @@
 
 torch.export handles what torch.fx cannot (shape-dependent Python control flow, ``len``
 or asserts on shapes, ``forward(**kwargs)``, autocast and no_grad regions), at the price
-of ATen-level ops. Names follow the fx convention (:mod:`names`): an op is ``<innermost
+of ATen-level ops. Names follow the fx convention (:mod:`naming.points`): an op is ``<innermost
 module path>.<op>`` with a local counter (in-place ``add_`` is named ``add``); module
-outputs are found by marks (:mod:`export_marks`): the node a built-in module's call
+outputs are found by marks (:mod:`tracing.export_marks`): the node a built-in module's call
 returns is named by the call, and every other module output gets its name as an alias.
 Weights used only inside built-in modules are left out of the IR, as in the fx graph.
 """
@@ -27,13 +27,13 @@ from clouseau.capture.torch._compat import (
     tree_flatten_with_path,
     tree_unflatten,
 )
-from clouseau.capture.torch.caches import CacheAdopter
-from clouseau.capture.torch.export_marks import Mark, Marks, marking, take_marks
-from clouseau.capture.torch.names import PointNamer, element_names
-from clouseau.capture.torch.naming import function_op, source_from_stack_trace, target_name
-from clouseau.capture.torch.signature import grad_mode
-from clouseau.capture.torch.tiers import Tier
-from clouseau.capture.torch.traced import (
+from clouseau.capture.torch.naming.points import PointNamer, element_names, function_op, target_name
+from clouseau.capture.torch.runtime.signature import grad_mode
+from clouseau.capture.torch.runtime.tiers import Tier
+from clouseau.capture.torch.tracing.caches import CacheAdopter
+from clouseau.capture.torch.tracing.export_marks import Mark, Marks, marking, take_marks
+from clouseau.capture.torch.tracing.sources import source_from_stack_trace
+from clouseau.capture.torch.tracing.traced import (
     NodeInfo,
     Traced,
     canonical_kwargs,
@@ -58,7 +58,7 @@ def trace_export(
 ) -> Traced:
     """Trace ``model`` with ``torch.export.export(strict=False)`` into a :class:`Traced`;
     ``tier``: :attr:`Tier.EXPORT_DYNAMIC` exports with dynamic dimensions
-    (:func:`clouseau.capture.torch.tiers.export_tier` decides)."""
+    (:func:`clouseau.capture.torch.runtime.tiers.export_tier` decides)."""
     kwargs = canonical_kwargs(model, kwargs)
     register_cache_pytrees(model)
     ep, marks = _export(model, args, kwargs, tier is Tier.EXPORT_DYNAMIC)

@@ -21,16 +21,17 @@ from clouseau.capture._common import (
 )
 from clouseau.capture.torch._quiet import quiet_export
 from clouseau.capture.torch._sync import TRACE_LOCK
-from clouseau.capture.torch.computed import kernel_attrs
-from clouseau.capture.torch.export_trace import trace_export
 from clouseau.capture.torch.flop_ops import category
-from clouseau.capture.torch.fx_trace import trace_fx
-from clouseau.capture.torch.live import PROVISIONAL, LivePlan
-from clouseau.capture.torch.naming import source_from_exception, source_from_stack, spec_of
-from clouseau.capture.torch.probe import FirstRun, Probe, probe, probe_call
-from clouseau.capture.torch.symbolic import Symbols, export_symbols, fx_symbols
-from clouseau.capture.torch.tiers import Tier
-from clouseau.capture.torch.traced import NodeInfo, Traced
+from clouseau.capture.torch.lowering.computed import kernel_attrs
+from clouseau.capture.torch.runtime.tiers import Tier
+from clouseau.capture.torch.tracing.export import trace_export
+from clouseau.capture.torch.tracing.fx import trace_fx
+from clouseau.capture.torch.tracing.live import PROVISIONAL, LivePlan
+from clouseau.capture.torch.tracing.probe import FirstRun, Probe, probe, probe_call
+from clouseau.capture.torch.tracing.sources import source_from_exception, source_from_stack
+from clouseau.capture.torch.tracing.specs import spec_of
+from clouseau.capture.torch.tracing.symbolic import Symbols, export_symbols, fx_symbols
+from clouseau.capture.torch.tracing.traced import NodeInfo, Traced
 from clouseau.ir.canonical_names import add_canonical_names
 from clouseau.ir.errors import SelectionError, TraceError
 from clouseau.ir.flops import category_attr
@@ -90,7 +91,7 @@ def trace_model(
 ) -> TracedModel:
     """Trace ``model(*args, **kwargs)`` with torch.fx, or torch.export when fx fails.
 
-    ``export``: the export tier fx's failure leads to (:mod:`tiers`: static for the first
+    ``export``: the export tier fx's failure leads to (:mod:`runtime.tiers`: static for the first
     shape of a structure, dynamic for later ones).
 
     With ``live`` the probe run is the user's call itself (its output and values are in

@@ -9,8 +9,8 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from clouseau.capture.torch.lower import SaveTarget
-from clouseau.capture.torch.naming import host_array
+from clouseau.capture.torch.lowering.lower import SaveTarget
+from clouseau.capture.torch.tracing.specs import host_array
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.sink import SavedValue
 

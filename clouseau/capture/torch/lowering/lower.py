@@ -6,7 +6,7 @@ returns them, and a tuple with one tensor per IR save node, in the order of
 value that a later op mutates in place is cloned at its save point (a snapshot); every
 other saved value is returned as is (no copy on the device).
 
-Interventions and gradient taps (:mod:`clouseau.capture.torch.intervene`) are fx
+Interventions and gradient taps (:mod:`clouseau.capture.torch.lowering.intervene`) are fx
 ``call_function`` nodes right after the value they change or watch; with nothing to save,
 change or watch, the traced GraphModule is returned unchanged.
 """
@@ -21,17 +21,17 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from clouseau.capture.torch.computed import run_computed
-from clouseau.capture.torch.computed_points import (
+from clouseau.capture.torch.lowering.computed import run_computed
+from clouseau.capture.torch.lowering.computed_points import (
     check_not_intervened,
     decompose_intervened,
     lower_computed_points,
 )
-from clouseau.capture.torch.intervene import applier, grad_tap
-from clouseau.capture.torch.ir_build import TracedModel, trace_model
-from clouseau.capture.torch.live import live_plan
-from clouseau.capture.torch.probe import FirstRun
-from clouseau.capture.torch.tiers import Tier
+from clouseau.capture.torch.lowering.intervene import applier, grad_tap
+from clouseau.capture.torch.runtime.tiers import Tier
+from clouseau.capture.torch.tracing.ir_build import TracedModel, trace_model
+from clouseau.capture.torch.tracing.live import live_plan
+from clouseau.capture.torch.tracing.probe import FirstRun
 from clouseau.ir.actions import Action
 from clouseau.ir.graph import Graph, Node, NodeKind
 from clouseau.ir.interventions import Grads, Rewritten, rewrite

@@ -23,9 +23,9 @@ from clouseau.capture.torch._compat import (
     simplified,
     tree_leaves,
 )
-from clouseau.capture.torch.export_hooks import is_hooks_runner
-from clouseau.capture.torch.naming import is_leaf_class
-from clouseau.capture.torch.probe import restoring_buffers
+from clouseau.capture.torch.naming.points import is_leaf_class
+from clouseau.capture.torch.tracing.export_hooks import is_hooks_runner
+from clouseau.capture.torch.tracing.probe import restoring_buffers
 
 Symbols = tuple[str, ...]
 

@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 
 from clouseau.capture.torch._compat import tree_leaves
-from clouseau.capture.torch.naming import function_op, is_leaf_class
+from clouseau.capture.torch.naming.points import function_op, is_leaf_class
 from clouseau.ir.graph import AttrValue, NodeKind, Source, TraceKind
 
 

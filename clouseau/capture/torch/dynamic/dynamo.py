@@ -3,11 +3,11 @@
 A model whose Python control flow depends on tensor values (``if x.mean() > 0``, a
 ``while`` on a norm, Mixture-of-Experts routing with ``if mask.any()``) cannot be traced
 into one static graph. The *dynamic tier* compiles it with ``torch.compile`` and a
-:class:`~clouseau.capture.torch.regions.RegionCompiler` backend: each region between
+:class:`~clouseau.capture.torch.dynamic.regions.RegionCompiler` backend: each region between
 graph breaks is instrumented like a static graph, and a call records the branch it
-actually took; module outputs are saved by forward hooks (:mod:`hooks_tier`). If Dynamo
+actually took; module outputs are saved by forward hooks (:mod:`runtime.hooks`). If Dynamo
 itself fails, the *hook tier* saves every module's output through forward hooks alone
-(:mod:`tiers` holds the sequence). Either way a warning names the tier and why: a model that runs
+(:mod:`runtime.tiers` holds the sequence). Either way a warning names the tier and why: a model that runs
 eagerly is never refused.
 """
 
@@ -22,13 +22,13 @@ import torch
 from clouseau.capture._common import SinkCall, first_line
 from clouseau.capture.torch._compat import dynamo_exception
 from clouseau.capture.torch._quiet import quiet_dynamo
-from clouseau.capture.torch.hooks_tier import ModuleHooks, hooked_paths
-from clouseau.capture.torch.host import to_numpy
-from clouseau.capture.torch.names import element_paths
-from clouseau.capture.torch.naming import spec_of
-from clouseau.capture.torch.regions import RegionCompiler
-from clouseau.capture.torch.tiers import Tier
-from clouseau.capture.torch.traced import bind, forward_signature
+from clouseau.capture.torch.dynamic.regions import RegionCompiler
+from clouseau.capture.torch.naming.points import element_paths
+from clouseau.capture.torch.runtime.hooks import ModuleHooks, hooked_paths
+from clouseau.capture.torch.runtime.host import to_numpy
+from clouseau.capture.torch.runtime.tiers import Tier
+from clouseau.capture.torch.tracing.specs import spec_of
+from clouseau.capture.torch.tracing.traced import bind, forward_signature
 from clouseau.ir.actions import Action
 from clouseau.ir.graph import Graph, Node, NodeKind, TraceKind
 from clouseau.ir.passes import insert_saves

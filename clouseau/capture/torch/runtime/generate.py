@@ -4,7 +4,7 @@
 then one decode step per new token, with the KV cache (``DynamicCache``) passed along.
 While it runs, the model's ``forward`` is routed through the instrumented model, so each
 step is one call of the capture, in order, and the tokens are the model's own. When the
-selection picks module outputs only (:mod:`hooks_tier`), forward hooks capture each step
+selection picks module outputs only (:mod:`runtime.hooks`), forward hooks capture each step
 with no trace at all. Otherwise steps of one structure (the decode steps all alike) share
 one trace: the exported graph keeps the sequence and cache lengths dynamic. An
 encoder-decoder's encoder run (generate runs it once, on its own) is call 0 either way:

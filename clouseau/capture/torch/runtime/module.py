@@ -10,7 +10,6 @@ import torch
 
 from clouseau.capture._common import SinkCall
 from clouseau.capture._session import CaptureSession
-from clouseau.capture.torch import tiers
 from clouseau.capture.torch._compat import (
     forward_hooks_of,
     forward_hooks_with_kwargs,
@@ -18,21 +17,22 @@ from clouseau.capture.torch._compat import (
     register_cache_pytrees,
 )
 from clouseau.capture.torch._sync import TRACE_LOCK
-from clouseau.capture.torch.entry import Entry
-from clouseau.capture.torch.export_hooks import run_hooks
-from clouseau.capture.torch.guards import ModuleState
-from clouseau.capture.torch.host import saved_values, to_numpy
-from clouseau.capture.torch.intervene import emitting_grads
-from clouseau.capture.torch.ir_build import UntraceableError
-from clouseau.capture.torch.lower import Lowered, lower
-from clouseau.capture.torch.probe import FirstRun
-from clouseau.capture.torch.reuse import keep, lookup, reuse_key
-from clouseau.capture.torch.signature import (
+from clouseau.capture.torch.lowering.intervene import emitting_grads
+from clouseau.capture.torch.lowering.lower import Lowered, lower
+from clouseau.capture.torch.runtime import tiers
+from clouseau.capture.torch.runtime.entry import Entry
+from clouseau.capture.torch.runtime.guards import ModuleState
+from clouseau.capture.torch.runtime.host import saved_values, to_numpy
+from clouseau.capture.torch.runtime.reuse import keep, lookup, reuse_key
+from clouseau.capture.torch.runtime.signature import (
     MAX_SIGNATURES,
     exact_key,
     grad_mode,
     structure_key,
 )
+from clouseau.capture.torch.tracing.export_hooks import run_hooks
+from clouseau.capture.torch.tracing.ir_build import UntraceableError
+from clouseau.capture.torch.tracing.probe import FirstRun
 from clouseau.ir.actions import Action
 from clouseau.ir.errors import TraceError
 from clouseau.ir.graph import Graph
@@ -124,14 +124,14 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         equal ``model.generate``'s (greedy, sampling under a seed, batches with left
         padding). See docs/generation.md for finding step k of sequence j.
         """
-        from clouseau.capture.torch.generate import generate
+        from clouseau.capture.torch.runtime.generate import generate
 
         return generate(self, *args, **kwargs)
 
     def _hook_capture(self) -> Any:
         """The hook path's capture, or None when the call takes a traced tier."""
         if self._hooks is None:
-            from clouseau.capture.torch.hooks_tier import ModuleHooks, module_paths_selected
+            from clouseau.capture.torch.runtime.hooks import ModuleHooks, module_paths_selected
 
             paths = module_paths_selected(self.model, self._select)
             plain = not self._intervene and not self._grads
@@ -180,7 +180,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         hooks = self._hooks if self._hooks is not None else self._hook_capture()
-        if hooks:  # module outputs only: forward hooks, no trace (hooks_tier.py)
+        if hooks:  # module outputs only: forward hooks, no trace (runtime/hooks.py)
             out = hooks.run(args, kwargs)
             if not hooks.saved:
                 self._saved_nothing(tiers.Tier.HOOKS)
@@ -323,7 +323,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         except UntraceableError as error:
             if tiers.after_untraceable(bool(self._grads)) is None:
                 raise
-            from clouseau.capture.torch.dynamo import DynamicTier
+            from clouseau.capture.torch.dynamic.dynamo import DynamicTier
 
             tier = DynamicTier(self.model, self._select, self._sink, self._intervene)
             return self._to_tier(tier, error.reasons), None
@@ -347,7 +347,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         return self._tier_entry
 
     def _call_tier(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        from clouseau.capture.torch.dynamo import DynamicTier, HookTier
+        from clouseau.capture.torch.dynamic.dynamo import DynamicTier, HookTier
 
         tier = self._tier
         out = tier(args, kwargs)

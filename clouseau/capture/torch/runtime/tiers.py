@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clouseau.capture.torch.naming import is_user_file
+from clouseau.capture.torch.tracing.sources import is_user_file
 
 
 class Tier(enum.Enum):

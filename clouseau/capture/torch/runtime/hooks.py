@@ -6,11 +6,11 @@ the *hook path* (a selection of module outputs only, no trace: :func:`hook_captu
 ``fmodel.generate`` on that path, the *dynamic tier* (TorchDynamo regions, where the hooks
 run eagerly between regions, so a frame Dynamo skips or a loop that runs a different
 number of times loses nothing) and the *hook tier* (Dynamo failed). The names are the
-traced tiers' (:mod:`names`): ``<path>`` for a module's first call in a model call,
-``<path>_<k>`` for later ones (:class:`~clouseau.capture.torch.names.PointNamer`'s
+traced tiers' (:mod:`naming.points`): ``<path>`` for a module's first call in a model call,
+``<path>_<k>`` for later ones (:class:`~clouseau.capture.torch.naming.points.PointNamer`'s
 counter), ``<path>:<i>`` (or ``:<key>``) for the elements of a tuple, list, dict or
 ``ModelOutput``, the first tensor element also named ``<path>``
-(:func:`~clouseau.capture.torch.names.element_names`). Each value is copied to the host
+(:func:`~clouseau.capture.torch.naming.points.element_names`). Each value is copied to the host
 inside its hook, once, so a later in-place op cannot change it.
 
 Cost: the hooks are registered once per instrumented model, at its first call, and stay
@@ -39,9 +39,9 @@ import torch
 
 from clouseau.capture.torch._compat import tensor_version
 from clouseau.capture.torch.flop_ops import category
-from clouseau.capture.torch.host import to_numpy
-from clouseau.capture.torch.names import PointNamer, element_names, element_paths
-from clouseau.capture.torch.naming import spec_of
+from clouseau.capture.torch.naming.points import PointNamer, element_names, element_paths
+from clouseau.capture.torch.runtime.host import to_numpy
+from clouseau.capture.torch.tracing.specs import spec_of
 from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref, TraceKind
 from clouseau.ir.passes import insert_saves

@@ -11,18 +11,23 @@ Module names that are not valid in point names (spaces, ``#``, ``%``, ``,``, ``:
 characters, non-ASCII letters) are sanitised: each such character becomes ``_``, and a
 path that then equals a valid path of the model or an earlier sanitised one gets the
 first free ``_<k>`` (``k = 1, 2, ...``), in ``named_modules()`` order.
+
+Op names: :class:`LocalNamer` is torchvision's counter local to a name (the
+``torchvision_names`` meta, and a Dynamo region's ops in ``stack.py``);
+:func:`target_name` and :func:`function_op` name an fx call target.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-from clouseau.capture.torch.naming import LocalNamer, qualify
+from clouseau.capture.torch._compat import is_op_overload
 
 _BAD = re.compile(r"[^A-Za-z0-9_\-]")
 _SUFFIX = re.compile(r"(.+)_([0-9]+)$")
@@ -219,3 +224,85 @@ def element_paths(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         return
     for key, item in items:
         yield from element_paths(item, f"{prefix}:{clean_segment(str(key))}")
+
+
+class LocalNamer:
+    """Unique names with torchvision's local ``_<n>`` counters.
+
+    torchvision strips fx's global ``_<n>`` suffix from a name, then looks for the latest
+    name already given that equals it or equals it plus ``_<n>``, and appends the next
+    counter. ``last`` holds, for each possible base, the counter of the latest name that
+    matches it, so each lookup is O(1) instead of torchvision's scan over all names.
+    """
+
+    def __init__(self) -> None:
+        self.last: dict[str, int] = {}
+        self.given: set[str] = set()
+
+    def name(self, qualname: str) -> str:
+        """The name for ``qualname`` (``<module path>.<fx node name>`` or a module path)."""
+        match = _SUFFIX.match(qualname)
+        base = match.group(1) if match else qualname
+        found = self.last.get(base)
+        name = base if found is None else f"{base}_{found + 1}"
+        self.reserve(name)
+        return name
+
+    def reserve(self, name: str) -> None:
+        """Record ``name`` as given (inputs and constants named outside the scheme)."""
+        self.given.add(name)
+        self.last[name] = 0
+        match = _SUFFIX.match(name)
+        if match:
+            self.last[match.group(1)] = int(match.group(2))
+
+
+def qualify(module_path: str, local: str) -> str:
+    return f"{module_path}.{local}" if module_path else local
+
+
+def is_leaf_class(cls: type) -> bool:
+    """torch.fx's default leaf test: a torch.nn module other than ``nn.Sequential``."""
+    module = cls.__module__ or ""
+    builtin = module.startswith("torch.nn") or module.startswith("torch.ao.nn")
+    return builtin and not issubclass(cls, torch.nn.Sequential)
+
+
+def target_name(target: Any) -> str:
+    """A printable qualified name of an fx call target: ``torch.flatten``, ``operator.add``."""
+    if isinstance(target, str):
+        return target
+    if is_op_overload(target):
+        return str(target)
+    short = getattr(target, "__name__", "")
+    for namespace, prefix in ((torch, "torch"), (torch.nn.functional, "torch.nn.functional")):
+        if short and getattr(namespace, short, None) is target:
+            return f"{prefix}.{short}"
+    name = getattr(target, "__qualname__", None) or short or repr(target)
+    module = getattr(target, "__module__", None)
+    module = {"_operator": "operator"}.get(module, module)
+    return f"{module}.{name}" if module else name
+
+
+# Augmented assignment on a tensor (``x += y``) runs in place; its op is the plain op.
+INPLACE_OPERATORS = {
+    operator.iadd: "add", operator.isub: "sub", operator.imul: "mul",
+    operator.itruediv: "truediv", operator.ifloordiv: "floordiv", operator.imod: "mod",
+    operator.ipow: "pow", operator.imatmul: "matmul", operator.iand: "and_",
+    operator.ior: "or_", operator.ixor: "xor", operator.ilshift: "lshift",
+    operator.irshift: "rshift",
+}  # fmt: skip
+
+
+def function_op(target: Any) -> str:
+    """The op of a call: ``add``, ``relu``, ``flatten``, ``getitem``; in-place ops as the op."""
+    if isinstance(target, str):
+        name = target
+    elif target in INPLACE_OPERATORS:
+        return INPLACE_OPERATORS[target]
+    elif getattr(target, "overloadpacket", None) is not None:
+        name = target.overloadpacket.__name__
+    else:
+        name = getattr(target, "__name__", None) or type(target).__name__
+    # In-place methods and ATen ops (add_, relu_) are named after the op, as fx names "x += y".
+    return name[:-1] if name.endswith("_") and not name.startswith("_") and len(name) > 1 else name

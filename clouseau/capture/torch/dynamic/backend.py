@@ -17,7 +17,7 @@ import torch.fx as fx
 
 from clouseau.capture._session import CaptureSession
 from clouseau.capture.torch._compat import lookup_backend
-from clouseau.capture.torch.regions import RegionCompiler
+from clouseau.capture.torch.dynamic.regions import RegionCompiler
 from clouseau.ir.actions import Action
 from clouseau.ir.selection import SelectLike
 from clouseau.ir.sink import Sink

@@ -28,14 +28,15 @@ import torch
 import torch.fx as fx
 
 from clouseau.capture.torch._compat import dynamo_frame_module, example_value
-from clouseau.capture.torch.host import to_numpy
-from clouseau.capture.torch.ir_build import TracedModel, build_graph
-from clouseau.capture.torch.lower import SaveTarget, lower_traced
-from clouseau.capture.torch.naming import LocalNamer, host_array
-from clouseau.capture.torch.probe import probe
-from clouseau.capture.torch.stack_names import stack_infos
-from clouseau.capture.torch.symbolic import export_symbols
-from clouseau.capture.torch.traced import NodeInfo, Traced
+from clouseau.capture.torch.lowering.lower import SaveTarget, lower_traced
+from clouseau.capture.torch.naming.points import LocalNamer
+from clouseau.capture.torch.naming.stack import stack_infos
+from clouseau.capture.torch.runtime.host import to_numpy
+from clouseau.capture.torch.tracing.ir_build import TracedModel, build_graph
+from clouseau.capture.torch.tracing.probe import probe
+from clouseau.capture.torch.tracing.specs import host_array
+from clouseau.capture.torch.tracing.symbolic import export_symbols
+from clouseau.capture.torch.tracing.traced import NodeInfo, Traced
 from clouseau.ir.actions import Action
 from clouseau.ir.graph import NodeKind, Point, TraceKind
 from clouseau.ir.selection import SelectLike, Selector, as_selector

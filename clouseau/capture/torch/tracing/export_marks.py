@@ -20,9 +20,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from clouseau.capture.torch.export_hooks import Deferred, deferring, hook_nodes, take_inputs
-from clouseau.capture.torch.fx_trace import numerics_state
-from clouseau.capture.torch.names import element_paths
+from clouseau.capture.torch.naming.points import element_paths
+from clouseau.capture.torch.tracing.export_hooks import Deferred, deferring, hook_nodes, take_inputs
+from clouseau.capture.torch.tracing.fx import numerics_state
 
 
 @torch.library.custom_op("clouseau::module_output", mutates_args=())

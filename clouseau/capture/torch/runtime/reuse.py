@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from clouseau.capture.torch.lower import Lowered
+from clouseau.capture.torch.lowering.lower import Lowered
 
 MAX_MODELS = 8
 

@@ -9,15 +9,10 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from clouseau.capture.torch.export_trace import inside_leaf, module_stack
-from clouseau.capture.torch.naming import (
-    LocalNamer,
-    function_op,
-    qualify,
-    source_from_stack_trace,
-    target_name,
-)
-from clouseau.capture.torch.traced import NodeInfo, is_leaf_type_name
+from clouseau.capture.torch.naming.points import LocalNamer, function_op, qualify, target_name
+from clouseau.capture.torch.tracing.export import inside_leaf, module_stack
+from clouseau.capture.torch.tracing.sources import source_from_stack_trace
+from clouseau.capture.torch.tracing.traced import NodeInfo, is_leaf_type_name
 from clouseau.ir.graph import NodeKind
 
 

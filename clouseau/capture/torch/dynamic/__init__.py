@@ -1,0 +1,3 @@
+"""The dynamic tier: TorchDynamo regions between graph breaks, and the ``torch.compile``
+backend.
+"""
