@@ -218,8 +218,9 @@ class NamingTracer(fx.Tracer):
             return name
         for user in users:
             index = user.args[1]
-            first = (name,) if index == 0 else ()
-            self.module_outputs.setdefault(user, []).extend((*first, f"{name}:{index}"))
+            self.module_outputs.setdefault(user, []).extend(
+                element_names(name, f":{index}", index == 0)
+            )
         return f"{name}:tuple"
 
     def create_node(

@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 
 from clouseau.capture.torch._compat import tree_leaves
-from clouseau.capture.torch.naming.points import function_op, is_leaf_class
+from clouseau.capture.torch.naming.points import element_names, function_op, is_leaf_class
 from clouseau.ir.graph import AttrValue, NodeKind, Source, TraceKind
 
 
@@ -236,8 +236,7 @@ def name_tuple_elements(graph: fx.Graph, infos: Mapping[str, NodeInfo]) -> dict[
             if element is None:
                 continue
             index = user.args[1]
-            first = (info.name,) if index == 0 else ()
-            aliases = (*element.aliases, *first, f"{info.name}:{index}")
+            aliases = (*element.aliases, *element_names(info.name, f":{index}", index == 0))
             found[user.name] = dataclasses.replace(element, aliases=aliases)
     return found
 
