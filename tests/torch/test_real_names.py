@@ -272,3 +272,24 @@ def test_an_unflattenable_output_type_is_named_in_the_fix() -> None:
 
     with pytest.raises(clouseau.TraceError, match=r"Fix: the model takes or returns a .*Box"):
         clouseau.trace(Boxed(), torch.randn(2))
+
+
+class InPlaceReturn(nn.Module):
+    """torchvision MViT's PositionalEncoding: ``x.add_(pos)`` then ``return x``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cls = nn.Parameter(torch.randn(4))
+        self.pos = nn.Parameter(torch.randn(7, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.cat((self.cls.expand(x.size(0), -1).unsqueeze(1), x), dim=1)
+        x.add_(self.pos)
+        x.mul_(2.0)
+        return x
+
+
+def test_a_module_output_mutated_in_place_before_return_is_the_returned_value() -> None:
+    # fx's graph returns the cat node (its value before add_): the output is the last mutation
+    model = nn.Sequential(InPlaceReturn(), nn.Linear(4, 4)).eval()
+    check_model(model, torch.randn(2, 6, 4))

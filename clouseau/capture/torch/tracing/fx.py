@@ -97,8 +97,9 @@ class NamingTracer(fx.Tracer):
         self.namer = PointNamer(model)
         self.records: dict[fx.Node, tuple[str, str, str, Source | None]] = {}
         self.pending: dict[fx.Node, tuple[str, str, Source | None]] = {}
-        # Module calls in the order they return: (raw path, leaf node or None, output).
-        self.calls: list[tuple[str, fx.Node | None, Any]] = []
+        # Module calls in the order they return: (raw path, leaf node or None, output,
+        # the graph's last node when the call returned).
+        self.calls: list[tuple[str, fx.Node | None, Any, fx.Node | None]] = []
         self.module_outputs: dict[fx.Node, list[str]] = {}
         self.torchvision: dict[fx.Node, str] = {}
         self.numerics = numerics_state()
@@ -155,7 +156,7 @@ class NamingTracer(fx.Tracer):
         finally:
             self._where = outer
         if not leaf:
-            self.calls.append((path, None, out))
+            self.calls.append((path, None, out, next(iter(reversed(self.graph.nodes)), None)))
         return out
 
     def _hooks_node(
@@ -181,14 +182,15 @@ class NamingTracer(fx.Tracer):
         (so the k-th call of a module is named alike on both paths), then the ops."""
         namer = self.namer
         leaf_names: dict[fx.Node, str] = {}
-        for path, node, out in self.calls:
+        for path, node, out, end in self.calls:
             name = namer.module_output(path)
             if node is not None:
                 leaf_names[node] = name
                 continue
             found = module_output_names(name, out)
             for alias, proxy in found:
-                self.module_outputs.setdefault(proxy.node, []).append(alias)
+                returned = last_mutation(proxy.node, end)
+                self.module_outputs.setdefault(returned, []).append(alias)
             if not found and out is not None:
                 self.opaque_outputs.setdefault(namer.path(path), type(out).__name__)
         for node in graph.nodes:
@@ -244,7 +246,7 @@ class NamingTracer(fx.Tracer):
             source = source_from_stack() if kind != "placeholder" else None
             self.pending[node] = (path, module_type, source)
             if kind == "call_module":
-                self.calls.append((path, node, None))
+                self.calls.append((path, node, None, None))
         return node
 
     def create_arg(self, a: Any) -> Any:
@@ -288,6 +290,29 @@ class NamingTracer(fx.Tracer):
             return root_fn(root, *positional, **keyword)
 
         return call, []
+
+
+def last_mutation(node: fx.Node, end: fx.Node | None) -> fx.Node:
+    """The last in-place op on ``node``'s tensor up to ``end`` (the module's return), or
+    ``node``: a module that returns ``x`` after ``x.add_(y)`` returns the value after it,
+    which fx's graph holds only as the ``add_`` node (``x`` itself is the value before)."""
+    chain, last, cur = {node}, node, node
+    while cur is not end and cur.next.op != "root":
+        cur = cur.next
+        if cur.args and cur.args[0] in chain and _is_inplace(cur):
+            chain.add(cur)
+            last = cur
+    return last
+
+
+def _is_inplace(node: fx.Node) -> bool:
+    if node.kwargs.get("inplace") is True:
+        return True
+    if node.op == "call_function" and node.target in INPLACE_OPERATORS:
+        return True
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    is_function = node.op in ("call_method", "call_function")
+    return is_function and isinstance(name, str) and name.endswith("_") and not name.startswith("_")
 
 
 def module_output_names(name: str, out: Any) -> list[tuple[str, fx.Proxy]]:
