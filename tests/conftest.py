@@ -20,6 +20,7 @@ if importlib.util.find_spec("torch") is not None:
 
 # -- shared by every test directory -------------------------------------------------------
 import os
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -111,6 +112,18 @@ class RecordingSink:
 @pytest.fixture
 def sink() -> RecordingSink:
     return RecordingSink()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Any:
+    """Each test starts with TorchDynamo's caches empty. Dynamo allows 8 compilations per
+    code object, and code such as ``nn.Module.__call__``'s wrapper is shared by every
+    model. Past that limit, a whole suite's compilations make Dynamo run frames eagerly, so
+    a later test's dynamic tier or backend sees no region (a test's result would depend on
+    the tests before it)."""
+    yield
+    if "torch" in sys.modules:
+        sys.modules["torch"].compiler.reset()
 
 
 #: The pinned printed IR of hand-built and real models.
