@@ -23,8 +23,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -120,26 +121,19 @@ def torchrun_scaling(cfg: Config) -> Report:
         "as a Ray job does.",
     )
     cores = os.cpu_count() or 1
-    labels = [label for label, _, _ in RUNS] + [RAY, RAY_PLAIN]
-    results: dict[str, list[dict[str, float]]] = {label: [] for label in labels}
-    errors: dict[str, str] = {}
+
+    def ray(script: Path) -> Callable[[Path], dict[str, float]]:
+        def run(path: Path) -> dict[str, float]:
+            with _ray_cluster():  # a cluster per run: the torchrun runs have the cores alone
+                return _ray(script, path, cfg)
+
+        return run
+
+    runners = {label: partial(_torchrun, nproc, threads or cores, cfg=cfg)
+               for label, nproc, threads in RUNS}  # fmt: skip
+    runners |= {RAY: ray(RAY_EXAMPLE), RAY_PLAIN: ray(RAY_PLAIN_SCRIPT)}
     with scratch_dir(cfg, "torchrun") as d:
-        for rep in range(1 if cfg.quick else 3):  # interleaved: drifts in load hit every run
-            for label, nproc, threads in (*RUNS, (RAY, 0, 0), (RAY_PLAIN, 0, 0)):
-                if label in errors:
-                    continue
-                progress(f"{label}, repetition {rep}")
-                path = d / f"run-{rep}-{len(results[label])}-{nproc}-{threads}"
-                try:
-                    if label in (RAY, RAY_PLAIN):
-                        script = RAY_EXAMPLE if label == RAY else RAY_PLAIN_SCRIPT
-                        with _ray_cluster():
-                            results[label].append(_ray(script, path, cfg))
-                    else:
-                        results[label].append(_torchrun(nproc, threads or cores, path, cfg))
-                except Exception as err:  # shown in the table
-                    errors[label] = f"{type(err).__name__}: {err}"
-                shutil.rmtree(path, ignore_errors=True)  # a GB each
+        results, errors = _interleaved(d, runners, 1 if cfg.quick else 3)
     runs = {label: _best(found, errors.get(label)) for label, found in results.items()}
     rows = [[label, f"{r.get('samples_per_s', math.nan):.0f}" + (" (whole run)" if label in (RAY, RAY_PLAIN) else ""),
              fmt_s(r.get("first_s", math.nan)),
@@ -198,15 +192,12 @@ def ray_overhead(cfg: Config) -> Report:
         "started once before the runs, as a Ray job joins one. The two alternate, neither "
         "always first, and the least wall time of each is kept.",
     )
-    runs: dict[str, list[dict[str, float]]] = {RAY: [], RAY_PLAIN: []}
-    scripts = {RAY: RAY_EXAMPLE, RAY_PLAIN: RAY_PLAIN_SCRIPT}
+    runners = {label: partial(_ray, script, cfg=cfg)
+               for label, script in ((RAY, RAY_EXAMPLE), (RAY_PLAIN, RAY_PLAIN_SCRIPT))}  # fmt: skip
     with scratch_dir(cfg, "ray") as d, _ray_cluster():
-        for rep in range(2 if cfg.quick else 5):
-            for label in (RAY, RAY_PLAIN) if rep % 2 == 0 else (RAY_PLAIN, RAY):
-                progress(f"{label}, repetition {rep}")
-                path = d / f"run-{rep}"
-                runs[label].append(_ray(scripts[label], path, cfg))
-                shutil.rmtree(path, ignore_errors=True)  # a GB each
+        runs, errors = _interleaved(d, runners, 2 if cfg.quick else 5)
+    if errors:
+        raise RuntimeError("; ".join(f"{label}: {err}" for label, err in errors.items()))
     wall = {label: min(r["wall_s"] for r in found) for label, found in runs.items()}
     inner = {label: min(r["seconds"] for r in found) for label, found in runs.items()}
     every = {label: ", ".join(fmt_s(r["wall_s"]) for r in found) for label, found in runs.items()}
@@ -224,6 +215,29 @@ def ray_overhead(cfg: Config) -> Report:
         )
     )
     return report
+
+
+def _interleaved(
+    d: Path, runners: dict[str, Callable[[Path], dict[str, float]]], reps: int
+) -> tuple[dict[str, list[dict[str, float]]], dict[str, str]]:
+    """Each runner ``reps`` times, interleaved and in reversed order every other repetition
+    (a drift in load hits every run, and none is always first), with the first error of
+    each (shown, and not run again). Each run's directory is removed after it: a GB each."""
+    results: dict[str, list[dict[str, float]]] = {label: [] for label in runners}
+    errors: dict[str, str] = {}
+    for rep in range(reps):
+        for i, label in enumerate(runners if rep % 2 == 0 else reversed(runners)):
+            if label in errors:
+                continue
+            progress(f"{label}, repetition {rep}")
+            path = d / f"run-{rep}-{i}"
+            try:
+                results[label].append(runners[label](path))
+            except Exception as err:  # shown in the table
+                errors[label] = f"{type(err).__name__}: {err}"
+            finally:
+                shutil.rmtree(path, ignore_errors=True)
+    return results, errors
 
 
 def _best(results: list[dict[str, float]], error: str | None) -> dict[str, float]:
