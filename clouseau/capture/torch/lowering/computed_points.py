@@ -17,6 +17,7 @@ from clouseau.capture.torch.lowering.computed import lower_computed, replayed, s
 from clouseau.ir.computed import is_computed
 from clouseau.ir.computed_interventions import StandIn
 from clouseau.ir.graph import INSTRUMENTATION, AttrValue, Graph
+from clouseau.ir.passes import producer_of
 
 
 def lower_computed_points(
@@ -43,7 +44,9 @@ def lower_computed_points(
                 emitted[node.name] = softmax_node(fx_graph, scores[kernel])
             values[node.name] = emitted[node.name]
             continue
-        inputs = [values[r.node] for r in node.inputs]
+        # An intervened input is read where it is produced: the intervention, lowered
+        # next right after it, rewires every later reader (these nodes too) to its value.
+        inputs = [values[producer_of(graph, r).node] for r in node.inputs]
         # After its inputs and every node it replays (a replay reads what they read).
         reads = inputs + [fx_nodes[keys[name]] for name in replayed(node)]
         anchor = max(reads, key=order.__getitem__)

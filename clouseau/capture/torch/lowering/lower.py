@@ -39,6 +39,9 @@ from clouseau.ir.interventions import Grads, Rewritten, rewrite
 from clouseau.ir.passes import producer_of
 from clouseau.ir.selection import SelectLike
 
+#: fx meta key of an intervention's node: the fx node name of the value it changes.
+_CHANGES = "clouseau_changes"
+
 
 @dataclass(frozen=True)
 class SaveTarget:
@@ -99,7 +102,13 @@ class Lowered:
     def first_values(self, first: FirstRun) -> tuple[Any, ...]:
         """Every saved value of the first, probed call (computed points computed now)."""
         names = {t.computed for t in self.targets if t.computed}
-        computed = run_computed(self.module, first.values, names) if names else {}
+        # A computed point reading an intervened value reads it as the call changed it.
+        values = first.values | {
+            n.name: first.value(n.meta[_CHANGES], changed=True)
+            for n in self.module.graph.nodes
+            if _CHANGES in n.meta
+        }
+        computed = run_computed(self.module, values, names) if names else {}
         return tuple(
             computed[t.computed] if t.computed else first.value(t.key, changed=t.changed)
             for t in self.targets
@@ -192,6 +201,9 @@ def _rewrite(
         source = values[node.inputs[0].node]
         with fx_graph.inserting_after(_anchor(source)):
             new = fx_graph.call_function(applier(rewritten.action(node)), (source,))
+        key = graph.node(producer_of(graph, node.inputs[0]).node).key
+        if key:  # a model value (a computed point's first call is never probed live)
+            new.meta[_CHANGES] = key
         # Every later reader (ops, in-place ops, the output) computes on the new value.
         source.replace_all_uses_with(new, delete_user_cb=lambda user, new=new: user is not new)
         replaced[source] = new
