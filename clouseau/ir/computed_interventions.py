@@ -106,29 +106,32 @@ def stand_ins(graph: Graph) -> tuple[StandIn, ...]:
     return tuple(found)
 
 
+#: The computed points that stand in for a model value named by an attr: the attr, the
+#: builder of the program that recomputes that value, and why it may not be buildable.
+_REBUILT = (
+    ("kernel", decomposition, ".decomposed",
+     "its kernel's output is not the pattern applied to its values in a layout clouseau "
+     "can rebuild. Load the model with attn_implementation='eager' to intervene on its own "
+     "pattern."),
+    ("projection", recomposition, ".recomposed",
+     "clouseau cannot rebuild its output projection from it. Intervene on blocks.*.attn.z "
+     "(a head's slice of it) or on blocks.*.attn_out."),
+)  # fmt: skip
+
+
 def _stand_in(graph: Graph, point: Node, intervene: Node) -> StandIn:
     value = Ref(intervene.name)
     if point.attr("view") == "logit_lens":
         return StandIn(point.name, intervene.name)
-    kernel, projection = point.attr("kernel"), point.attr("projection")
-    if isinstance(kernel, str):
-        program = decomposition(graph, point, value, f"{point.name}.decomposed")
-        if program is None:
-            raise SelectionError(
-                f"cannot intervene on {point.name!r}: its kernel's output is not the "
-                "pattern applied to its values in a layout clouseau can rebuild. Load the "
-                "model with attn_implementation='eager' to intervene on its own pattern."
-            )
-        return StandIn(point.name, intervene.name, kernel, program, (kernel,))
-    if isinstance(projection, str):
-        program = recomposition(graph, point, value, f"{point.name}.recomposed")
-        if program is None:
-            raise SelectionError(
-                f"cannot intervene on {point.name!r}: clouseau cannot rebuild its output "
-                "projection from it. Intervene on blocks.*.attn.z (a head's slice of it) "
-                "or on blocks.*.attn_out."
-            )
-        return StandIn(point.name, intervene.name, projection, program, _replayed(point))
+    for attr, build, suffix, why in _REBUILT:
+        replaces = point.attr(attr)
+        if isinstance(replaces, str):
+            program = build(graph, point, value, point.name + suffix)
+            if program is None:
+                raise SelectionError(f"cannot intervene on {point.name!r}: {why}")
+            # What the point replays (the projection) or the kernel: unread once replaced.
+            drops = _replayed(point) or (replaces,)
+            return StandIn(point.name, intervene.name, replaces, program, drops)
     program = heads_first(graph, point, value, f"{point.name}.heads_first")
     if program is not None:
         return StandIn(

@@ -19,7 +19,7 @@ import clouseau
 from clouseau.ir.computed import is_computed
 from clouseau.ir.graph import TraceKind
 from tests.canonical.families import BY_NAME, FAMILIES, Family, first_tensor
-from tests.canonical.test_interventions import _Branchy, _patched_softmax, _uniform
+from tests.canonical.test_interventions import _Branchy, _patched_softmax, _uniform, eager_twin
 
 #: A sum of per-head products rounds differently from the projection's one matmul.
 TOL = 1e-5
@@ -271,8 +271,7 @@ def test_head_out_and_pattern_of_one_layer_compose(family: str) -> None:
     # read from its output is then intervened on and recomposed into the projection.
     fam = BY_NAME[family]
     model = fam.model("sdpa")
-    eager = fam.model("eager")
-    eager.load_state_dict(model.state_dict())
+    eager = eager_twin(fam, model)
     handle = _head_patched(fam, eager, _zero_head(2))
     with torch.no_grad(), _patched_softmax(LAYER, _uniform, before=False):
         want = eager(**fam.inputs()).logits
