@@ -91,8 +91,10 @@ def run(
             outs = _open(eqn, ekey, invals, plan, saved, stream)
         else:
             outs = _compat.bind_equation(eqn, invals)
-        outs = plan.rewrite(ekey, outs)  # interventions and gradient taps of this equation
-        for var, value in zip(eqn.outvars, outs, strict=True):
+        # Interventions and gradient taps of this equation; a decomposed kernel's rewrite
+        # appends what only slots read.
+        outs = plan.rewrite(ekey, outs, invals)
+        for var, value in zip(eqn.outvars, outs[: len(eqn.outvars)], strict=True):
             env[var] = value
         plan.record(ekey, outs, saved)
     return [read(v) for v in jaxpr.outvars]

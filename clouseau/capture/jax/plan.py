@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
-from clouseau.capture.jax.computed import reads
+from clouseau.capture.jax.computed import READ_AT, intervened_kernels, reads
 from clouseau.capture.jax.keys import (
     CONTROL,
     LOOPS,
@@ -65,11 +65,16 @@ class Rewrite:
     """Replace output ``output`` of the equation (or input) at ``key`` by ``fn(value)``.
 
     An intervention, or a gradient tap: later equations and saves read the new value.
+    With ``inputs``, ``fn(outputs, inputs)`` gives all the equation's outputs from its
+    inputs (a fused kernel replaced by its decomposition), followed by values that only
+    slots read (the pattern the model reads, at the offsets of
+    :data:`~clouseau.capture.jax.computed.READ_AT`).
     """
 
     key: str
     output: int
-    fn: Callable[[Any], Any]
+    fn: Callable[..., Any]
+    inputs: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,11 +150,14 @@ class Plan:
         """A while loop streams values: ``collect`` takes the call index first."""
         return any(s.stream for s in self.slots)
 
-    def rewrite(self, key: str, values: Sequence[Any]) -> list[Any]:
-        """``values`` of the equation at ``key`` with its rewrites applied, in order."""
+    def rewrite(self, key: str, values: Sequence[Any], inputs: Sequence[Any] = ()) -> list[Any]:
+        """``values`` of the equation at ``key`` (its ``inputs``) with its rewrites applied,
+        in order."""
         values = list(values)
         for r in self.rewrites:
-            if r.key == key:
+            if r.key == key and r.inputs:
+                values = list(r.fn(values, inputs))
+            elif r.key == key:
                 values[r.output] = r.fn(values[r.output])
         return values
 
@@ -176,10 +184,17 @@ class _Placer:
 
     def plan(self, rewrites: tuple[Rewrite, ...]) -> Plan:
         computed: list[Computed] = []
+        decomposed = intervened_kernels(self.graph)
         for save in self.graph.saves:
             ref = producer_of(self.graph, save.inputs[0])
             node = self.graph.node(ref.node)
             names = save.names
+            if node.attr("kernel") in decomposed:
+                # What the model reads, computed where the decomposition replaces the kernel.
+                kernel = self.graph.node(str(node.attr("kernel")))
+                at = len(kernel.outputs) + READ_AT[str(node.attr("attention"))]
+                self.slots.append(self.slot(names, node.name, kernel.key, at))
+                continue
             if is_computed(node):
                 computed.append(self.computed(names, node))
                 continue
