@@ -9,13 +9,18 @@ value, so they compute exactly what the model computes:
 - ``blocks.{i}.attn.head_out``: ``[batch, pos, head, d_model]``, head ``h``'s ``z`` (the
   other heads zeroed) through the output projection, less its bias: summed over heads,
   plus the bias, it is the projection's output (``attn_out`` where nothing follows it).
+
+Each says what it is in its attrs (``view``; ``head_out`` also ``projection``, the node
+whose value it stands in for): :mod:`clouseau.ir.computed_interventions` reads them.
+An intervention on ``head_out`` changes what the model reads (:func:`recomposition`); one
+on ``logit_lens``, which nothing in the model reads, changes only its saved value.
 """
 
 from __future__ import annotations
 
 from clouseau.ir.canonical_attention import Attention
 from clouseau.ir.canonical_index import LINEAR_OPS
-from clouseau.ir.computed import Op, Program
+from clouseau.ir.computed import Op, Program, program_of
 from clouseau.ir.graph import INSTRUMENTATION, Graph, Node, NodeKind, Ref, TensorSpec
 
 
@@ -64,7 +69,7 @@ def logit_lens(graph: Graph, name: str, *, resid: Ref, last: Ref, logits: Ref) -
         return None
     program = Program((spec,))
     value = program.replay(program.input(0), chain, last.node, out.shape)
-    return program.node(name, value, inputs=(resid,))
+    return program.node(name, value, inputs=(resid,), attrs=(("view", "logit_lens"),))
 
 
 def head_out(graph: Graph, name: str, *, attention: Attention) -> Node | None:
@@ -90,7 +95,39 @@ def head_out(graph: Graph, name: str, *, attention: Attention) -> Node | None:
         heads.append(p.add(p.replay(kept, chain, source.node, out.shape), minus_bias))
     stacked = (*out.shape[:-1], spec.shape[axis], out.shape[-1])
     value = p.op(Op.STACK, heads, stacked, axis=len(out.shape) - 1)
-    return p.node(name, value, inputs=(source,), module=graph.node(attention.kernel).module)
+    return p.node(
+        name, value, inputs=(source,), module=graph.node(attention.kernel).module,
+        attrs=(("view", "head_out"), ("projection", end.node)),
+    )  # fmt: skip
+
+
+def recomposition(graph: Graph, point: Node, value: Ref, name: str) -> Node | None:
+    """The projection's output that ``point`` (a computed ``head_out``) stands in for,
+    from ``value`` in its place: ``value`` summed over heads, plus the projection's bias.
+
+    The computed point ``name`` reads ``(value, z)``: ``z`` (the head_out's own input)
+    only for the bias, the projection of zeros (zero where it has none), replayed as
+    ``head_out`` replays it. Summed over heads, ``head_out`` plus the bias is the
+    projection's output to rounding, not bitwise (a sum of per-head products, not one
+    matmul). None: ``point`` is no head_out.
+    """
+    if point.attr("view") != "head_out":
+        return None
+    program = program_of(point)
+    keep = next((s for s in program.nodes if s.op == Op.KEEP.value), None)
+    replay = next((s for s in program.nodes if s.op == Op.REPLAY.value), None)
+    spec, source = _spec(graph, value), _spec(graph, point.inputs[0])
+    if keep is None or replay is None or spec is None or source is None:
+        return None
+    out = replay.outputs[0]
+    assert isinstance(out, TensorSpec)
+    p = Program((spec, source))
+    summed = p.op(Op.SUM, (p.input(0),), out.shape, axis=len(out.shape) - 1)
+    zeros = p.op(Op.KEEP, (p.input(1),), source.shape, axis=keep.attr("axis"), index=-1)
+    nodes, start = replay.attr("nodes"), replay.attr("source")
+    assert isinstance(nodes, tuple) and isinstance(start, str)
+    bias = p.replay(zeros, tuple(str(n) for n in nodes), start, out.shape)
+    return p.node(name, p.add(summed, bias), inputs=(value, point.inputs[0]), module=point.module)
 
 
 def _projection(graph: Graph, source: Ref) -> Ref | None:

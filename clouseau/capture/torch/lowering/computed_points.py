@@ -1,9 +1,10 @@
 """Where computed points go in a lowered graph, and the interventions on them.
 
-An intervention on a fused kernel's computed ``pattern`` (or ``scores``) replaces the
-kernel by its decomposition (:func:`clouseau.ir.computed_attention.decomposition`), so
-the intervened value is what the model reads; any other computed point is a view the
-model never reads, and an intervention on it is refused.
+An intervention on a computed point that stands in for a model value
+(:mod:`clouseau.ir.computed_interventions`: a fused kernel's ``pattern`` or ``scores``,
+``attn.head_out``) recomputes that value from the intervened point (the kernel's
+decomposition, the sum over heads plus the bias), so the intervened value is what the
+model reads; one on the logit lens, which nothing reads, changes its saved value only.
 """
 
 from __future__ import annotations
@@ -14,40 +15,9 @@ import torch.fx as fx
 
 from clouseau.capture.torch.lowering.computed import lower_computed, replayed, softmax_node
 from clouseau.ir.computed import is_computed
-from clouseau.ir.computed_attention import decomposition
-from clouseau.ir.errors import SelectionError
-from clouseau.ir.graph import INSTRUMENTATION, AttrValue, Graph, Node
-
-
-def decomposable(node: Node) -> bool:
-    """Whether an intervention on computed point ``node`` replaces a kernel (a pattern)."""
-    return node.attr("kernel") is not None
-
-
-def check_not_intervened(graph: Graph) -> None:
-    """Refuse an intervention on a computed point the model never reads, and two
-    interventions on one kernel's scores and pattern."""
-    kernels: dict[str, str] = {}
-    for node in graph.interventions:
-        target = graph.node(node.inputs[0].node)
-        if not is_computed(target):
-            continue
-        if not decomposable(target):
-            raise SelectionError(
-                f"cannot intervene on {target.name!r}: it is a view computed beside the model "
-                "(a logit lens, a per-head output, a layout the model never builds), which "
-                "the model never reads, so changing it would change nothing the model "
-                "computes. Intervene on the value it is computed from (blocks.*.resid_post, "
-                "blocks.*.attn.z, blocks.*.attn_out, blocks.*.attn.pattern)."
-            )
-        kernel = str(target.attr("kernel"))
-        if kernel in kernels:
-            raise SelectionError(
-                f"cannot intervene on both {kernels[kernel]!r} and {target.name!r}: both "
-                "replace the same attention kernel by its decomposition. Intervene on one "
-                "of them (compose the changes in one clouseau.replace(fn) on the pattern)."
-            )
-        kernels[kernel] = target.name
+from clouseau.ir.computed_interventions import StandIn
+from clouseau.ir.graph import INSTRUMENTATION, AttrValue, Graph
+from clouseau.ir.passes import producer_of
 
 
 def lower_computed_points(
@@ -74,7 +44,9 @@ def lower_computed_points(
                 emitted[node.name] = softmax_node(fx_graph, scores[kernel])
             values[node.name] = emitted[node.name]
             continue
-        inputs = [values[r.node] for r in node.inputs]
+        # An intervened input is read where it is produced: the intervention, lowered
+        # next right after it, rewires every later reader (these nodes too) to its value.
+        inputs = [values[producer_of(graph, r).node] for r in node.inputs]
         # After its inputs and every node it replays (a replay reads what they read).
         reads = inputs + [fx_nodes[keys[name]] for name in replayed(node)]
         anchor = max(reads, key=order.__getitem__)
@@ -88,29 +60,43 @@ def lower_computed_points(
     return emitted
 
 
-def decompose_intervened(
-    graph: Graph, fx_graph: fx.Graph, values: dict[str, fx.Node], fx_nodes: Mapping[str, fx.Node]
-) -> None:
-    """Replace the kernel of each intervened pattern by its decomposition, which reads the
-    intervened value (``values``: the fx node of each IR value, the intervened ones too)."""
+def lower_stand_ins(
+    graph: Graph,
+    found: tuple[StandIn, ...],
+    fx_graph: fx.Graph,
+    values: dict[str, fx.Node],
+    fx_nodes: Mapping[str, fx.Node],
+) -> list[fx.Node]:
+    """Make the model read each intervened computed point that stands in for a model value
+    (``found``: :func:`clouseau.ir.computed_interventions.stand_ins`): the value recomputed from it,
+    for every reader after it (``values``: the fx node of each IR value, the intervened
+    ones too; updated). Returns the fx nodes it may drop once the graph is complete."""
     keys = {n.name: n.key for n in graph.nodes if n.key}
-    for node in graph.interventions:
-        target = graph.node(node.inputs[0].node)
-        if not (is_computed(target) and decomposable(target)):
-            continue
-        kernel_name = str(target.attr("kernel"))
-        kernel = values[kernel_name]
-        program = decomposition(graph, target, node.inputs[0], f"{target.name}.decomposed")
-        if program is None:
-            raise SelectionError(
-                f"cannot intervene on {target.name!r}: its kernel's output is not the "
-                "pattern applied to its values in a layout clouseau can rebuild. Load the "
-                "model with attn_implementation='eager' to intervene on its own pattern."
-            )
-        inputs = [values[node.name], values[program.inputs[1].node]]
-        # Right after the kernel: its inputs, the pattern and the intervention come before.
-        with fx_graph.inserting_before(kernel.next):
+    drops: list[fx.Node] = []
+    for stand_in in found:
+        if stand_in.replaces is None or stand_in.program is None:
+            continue  # a view nothing reads: the intervene node changes the saved value
+        program, replaced = stand_in.program, values[stand_in.replaces]
+        inputs = [values[r.node] for r in program.inputs]
+        order = {n: i for i, n in enumerate(fx_graph.nodes)}
+        anchor = max([*inputs, replaced], key=order.__getitem__)
+        with fx_graph.inserting_before(anchor.next):
             out = lower_computed(fx_graph, program, inputs, fx_nodes, keys)
-        kernel.replace_all_uses_with(out)
-        fx_graph.erase_node(kernel)
-        values[kernel_name] = out
+        after = False
+        later: set[fx.Node] = set()
+        for n in fx_graph.nodes:
+            if after:
+                later.add(n)
+            after = after or n is out
+        # Later readers only: the point's own computation reads the model's value.
+        replaced.replace_all_uses_with(out, delete_user_cb=later.__contains__)
+        drops += [values[name] for name in reversed(stand_in.drops) if name in values]
+        values[stand_in.replaces] = out
+    return drops
+
+
+def drop_unread(fx_graph: fx.Graph, nodes: list[fx.Node]) -> None:
+    """Erase ``nodes`` (in order) that nothing reads and that have no side effect."""
+    for node in nodes:
+        if node.graph is fx_graph and not node.users and not node.is_impure():
+            fx_graph.erase_node(node)

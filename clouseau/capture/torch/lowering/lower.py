@@ -23,9 +23,9 @@ import torch.fx as fx
 
 from clouseau.capture.torch.lowering.computed import run_computed
 from clouseau.capture.torch.lowering.computed_points import (
-    check_not_intervened,
-    decompose_intervened,
+    drop_unread,
     lower_computed_points,
+    lower_stand_ins,
 )
 from clouseau.capture.torch.lowering.intervene import applier, grad_tap
 from clouseau.capture.torch.runtime.tiers import Tier
@@ -33,10 +33,14 @@ from clouseau.capture.torch.tracing.ir_build import TracedModel, trace_model
 from clouseau.capture.torch.tracing.live import live_plan
 from clouseau.capture.torch.tracing.probe import FirstRun
 from clouseau.ir.actions import Action
+from clouseau.ir.computed_interventions import StandIn, stand_ins
 from clouseau.ir.graph import Graph, Node, NodeKind
 from clouseau.ir.interventions import Grads, Rewritten, rewrite
 from clouseau.ir.passes import producer_of
 from clouseau.ir.selection import SelectLike
+
+#: fx meta key of an intervention's node: the fx node name of the value it changes.
+_CHANGES = "clouseau_changes"
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,13 @@ class Lowered:
     def first_values(self, first: FirstRun) -> tuple[Any, ...]:
         """Every saved value of the first, probed call (computed points computed now)."""
         names = {t.computed for t in self.targets if t.computed}
-        computed = run_computed(self.module, first.values, names) if names else {}
+        # A computed point reading an intervened value reads it as the call changed it.
+        values = first.values | {
+            n.name: first.value(n.meta[_CHANGES], changed=True)
+            for n in self.module.graph.nodes
+            if _CHANGES in n.meta
+        }
+        computed = run_computed(self.module, values, names) if names else {}
         return tuple(
             computed[t.computed] if t.computed else first.value(t.key, changed=t.changed)
             for t in self.targets
@@ -148,8 +158,7 @@ def lower_traced(
         traced.graph, select=select, intervene=intervene, grads=grads, strict=strict
     )
     graph = rewritten.graph
-    check_not_intervened(graph)
-    module, computed = _rewrite(traced, rewritten)
+    module, computed = _rewrite(traced, rewritten, stand_ins(graph))
     targets = tuple(
         SaveTarget(
             save.names,
@@ -172,7 +181,9 @@ def _needs_host_copy(graph: Graph, traced: TracedModel, save: Node) -> bool:
     return key in traced.probe.escapes and key not in traced.probe.mutated_later
 
 
-def _rewrite(traced: TracedModel, rewritten: Rewritten) -> tuple[fx.GraphModule, dict[str, str]]:
+def _rewrite(
+    traced: TracedModel, rewritten: Rewritten, found: tuple[StandIn, ...]
+) -> tuple[fx.GraphModule, dict[str, str]]:
     """The lowered module, and the fx node name of each computed point it computes."""
     graph = rewritten.graph
     base = traced.traced.gm
@@ -190,11 +201,14 @@ def _rewrite(traced: TracedModel, rewritten: Rewritten) -> tuple[fx.GraphModule,
         source = values[node.inputs[0].node]
         with fx_graph.inserting_after(_anchor(source)):
             new = fx_graph.call_function(applier(rewritten.action(node)), (source,))
+        key = graph.node(producer_of(graph, node.inputs[0]).node).key
+        if key:  # a model value (a computed point's first call is never probed live)
+            new.meta[_CHANGES] = key
         # Every later reader (ops, in-place ops, the output) computes on the new value.
         source.replace_all_uses_with(new, delete_user_cb=lambda user, new=new: user is not new)
         replaced[source] = new
         values[node.name] = new
-    decompose_intervened(graph, fx_graph, values, fx_nodes)
+    drops = lower_stand_ins(graph, found, fx_graph, values, fx_nodes)
     for node in graph.grad_saves:
         value = values[node.inputs[0].node]
         with fx_graph.inserting_after(_anchor(value)):
@@ -214,6 +228,7 @@ def _rewrite(traced: TracedModel, rewritten: Rewritten) -> tuple[fx.GraphModule,
         saved.append(value)
     outputs = fx.node.map_arg(outputs, lambda n: replaced.get(n, n))
     fx_graph.output((outputs, tuple(saved)) if graph.saves else outputs)
+    drop_unread(fx_graph, drops)  # after the saves: a saved value is read
     module = fx.GraphModule(base, fx_graph, class_name=type(base).__name__)
     return module, {name: node.name for name, node in computed.items()}
 

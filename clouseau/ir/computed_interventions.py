@@ -1,0 +1,172 @@
+"""Interventions on computed points: which model value an intervened point stands in for.
+
+A computed point (:mod:`clouseau.ir.computed`) is computed beside the model and feeds
+nothing in it. An intervention on one (an ``intervene`` node reading it, inserted by
+:func:`~clouseau.ir.interventions.insert_interventions`) reaches the model only where the
+point can *stand in* for a model value: that value is recomputed from the intervened
+point by a program, and every reader of the value reads the program's result instead.
+:func:`stand_ins` says, for each intervened computed point of a graph, what it stands in
+for (a :class:`StandIn`); a frontend lowers each one the same way whatever the point:
+
+1. lower ``program`` (a computed node) with the intervene node's value as its first input
+   and the model's values of ``program.inputs[1:]`` as the rest, after all of them and
+   after ``replaces``;
+2. make every reader of ``replaces`` that comes after it read the program's result
+   instead (ops, saves, the outputs): the model computes on the changed value;
+3. optionally drop the nodes of ``drops`` that nothing reads any more (the fused kernel,
+   the projection's matmul), so that they are not computed for nothing.
+
+With ``replaces`` None the point is a view nothing in the model reads: the intervention
+changes its saved value only, and a frontend has nothing to do beyond the intervene node.
+
+What each computed point stands in for:
+
+- a fused attention kernel's ``scores`` / ``pattern`` (attrs ``kernel``, ``attention``):
+  the kernel's output, as ``softmax(scores) @ v`` / ``pattern @ v``
+  (:func:`~clouseau.ir.computed_attention.decomposition`);
+- ``blocks.{i}.attn.head_out`` (attrs ``view="head_out"``, ``projection``): the output
+  projection's output, as the sum over heads plus the bias
+  (:func:`~clouseau.ir.computed_views.recomposition`); to rounding, not bitwise;
+- ``blocks.{i}.logit_lens`` (attr ``view="logit_lens"``): nothing (``replaces`` None);
+- any other (``q``/``k``/``v``/``z`` in a layout the model never builds): refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clouseau.ir.computed import is_computed, program_of
+from clouseau.ir.computed_attention import decomposition
+from clouseau.ir.computed_views import recomposition
+from clouseau.ir.errors import SelectionError
+from clouseau.ir.graph import Graph, Node, NodeKind, Ref
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """What an intervention on one computed point changes in the model.
+
+    Attributes
+    ----------
+    point
+        The intervened computed point (its node name).
+    intervene
+        The intervene node that changes it (its output is the changed value).
+    replaces
+        The model node whose value (output 0) the program recomputes; None: the point is
+        a view nothing in the model reads, and the intervention changes its saved value.
+    program
+        A computed node: its first input is the intervene node, the rest model values;
+        its value replaces ``replaces``' for every later reader. None with ``replaces``.
+    drops
+        Model nodes that only computed ``replaces``' value (the kernel, the projection's
+        reshapes and matmul): a frontend may drop those nothing else reads.
+    """
+
+    point: str
+    intervene: str
+    replaces: str | None = None
+    program: Node | None = None
+    drops: tuple[str, ...] = ()
+
+
+def stand_ins(graph: Graph) -> tuple[StandIn, ...]:
+    """What each intervention on a computed point of ``graph`` changes, in graph order.
+
+    Parameters
+    ----------
+    graph
+        A graph with its intervene nodes (:func:`~clouseau.ir.interventions.rewrite`).
+
+    Returns
+    -------
+    tuple[StandIn, ...]
+        One per intervene node that reads a computed point (none: no such intervention).
+
+    Raises
+    ------
+    SelectionError
+        An intervention on a computed point that stands in for no model value and is no
+        view (a ``q``/``k``/``v``/``z`` layout the model never builds), one whose model
+        value cannot be rebuilt, two on points standing in for one model value (a kernel's
+        scores and pattern), or one on a computed point together with one on the value
+        it stands in for (``head_out`` and the projection's output): each names the
+        point(s) and what to intervene on instead.
+    """
+    found: list[StandIn] = []
+    for node in graph.interventions:
+        target = graph.node(node.inputs[0].node)
+        if is_computed(target):
+            found.append(_stand_in(graph, target, node))
+    _check_disjoint(graph, found)
+    return tuple(found)
+
+
+def _stand_in(graph: Graph, point: Node, intervene: Node) -> StandIn:
+    value = Ref(intervene.name)
+    if point.attr("view") == "logit_lens":
+        return StandIn(point.name, intervene.name)
+    kernel, projection = point.attr("kernel"), point.attr("projection")
+    if isinstance(kernel, str):
+        program = decomposition(graph, point, value, f"{point.name}.decomposed")
+        if program is None:
+            raise SelectionError(
+                f"cannot intervene on {point.name!r}: its kernel's output is not the "
+                "pattern applied to its values in a layout clouseau can rebuild. Load the "
+                "model with attn_implementation='eager' to intervene on its own pattern."
+            )
+        return StandIn(point.name, intervene.name, kernel, program, (kernel,))
+    if isinstance(projection, str):
+        program = recomposition(graph, point, value, f"{point.name}.recomposed")
+        if program is None:
+            raise SelectionError(
+                f"cannot intervene on {point.name!r}: clouseau cannot rebuild its output "
+                "projection from it. Intervene on blocks.*.attn.z (a head's slice of it) "
+                "or on blocks.*.attn_out."
+            )
+        return StandIn(point.name, intervene.name, projection, program, _replayed(point))
+    raise SelectionError(
+        f"cannot intervene on {point.name!r}: it is a layout computed beside the model "
+        "(a [batch, pos, head, d_head] view of a value the model holds as [batch, head, "
+        "pos, d_head] or fused), which the model never reads, so changing it would change "
+        "nothing the model computes. Intervene on the value it is computed from "
+        "(blocks.*.attn.pattern, blocks.*.attn_out, blocks.*.resid_post), or load the "
+        "model with attn_implementation='eager'."
+    )
+
+
+def _replayed(point: Node) -> tuple[str, ...]:
+    """The model nodes the point's program replays (those of its first replay)."""
+    for step in program_of(point).nodes:
+        nodes = step.attr("nodes")
+        if step.kind is NodeKind.OP and isinstance(nodes, tuple):
+            return tuple(str(n) for n in nodes)
+    return ()
+
+
+def _check_disjoint(graph: Graph, found: list[StandIn]) -> None:
+    by_value: dict[str, str] = {}
+    for stand_in in found:
+        if stand_in.replaces is None:
+            continue
+        other = by_value.setdefault(stand_in.replaces, stand_in.point)
+        if other != stand_in.point:
+            raise SelectionError(
+                f"cannot intervene on both {other!r} and {stand_in.point!r}: both stand in "
+                f"for the same model value ({stand_in.replaces!r}; for a kernel's scores and "
+                "pattern, the kernel replaced by its decomposition). Intervene on one of "
+                "them (compose the changes in one clouseau.replace(fn) on the pattern)."
+            )
+    for node in graph.interventions:
+        value = node.inputs[0].node
+        for stand_in in found:
+            if stand_in.replaces is not None and value in (stand_in.replaces, *stand_in.drops):
+                names = node.attr("names")
+                name = names[0] if isinstance(names, tuple) and names else value
+                raise SelectionError(
+                    f"cannot intervene on both {stand_in.point!r} and {name!r}: "
+                    f"{stand_in.point!r} stands in for {name!r} (the model reads it "
+                    "recomputed from the intervened point), so one change would be lost. "
+                    f"Intervene on one of them (compose both in one clouseau.replace(fn) on "
+                    f"{stand_in.point!r})."
+                )
