@@ -21,6 +21,7 @@ nnx = pytest.importorskip("flax.nnx")
 jnp = jax.numpy
 
 from tests.canonical.jax_models import HEADS, GqaModel, NnxGPT  # noqa: E402
+from tests.canonical.test_jax import GPT  # noqa: E402
 from tests.canonical.test_jax_computed import IDS, Steps  # noqa: E402
 from tests.conftest import RecordingSink  # noqa: E402
 
@@ -56,9 +57,12 @@ def _attention(scores: Any, v: Any, fn: Fn, before: bool) -> tuple[Any, Any]:
     return jnp.einsum("bhqk,bkhd->bqhd", pattern, v), pattern
 
 
-def _gqa_by_hand(model: GqaModel, x: Any, layer: int, fn: Fn, before: bool) -> tuple[Any, Any]:
-    """GqaModel's forward, its attention written out, ``fn`` patched into block ``layer``'s:
-    the logits and that block's pattern."""
+def _gqa_by_hand(
+    model: GqaModel, x: Any, layer: int, fn: Fn, before: bool, z: Fn = _same
+) -> tuple[Any, Any]:
+    """GqaModel's forward, its attention written out, ``fn`` patched into block ``layer``'s
+    (and ``z`` on its ``[batch, pos, head, d_head]`` output): the logits and that block's
+    pattern."""
     t = x.shape[-2]
     pos = jnp.arange(t)
     alibi = -0.5 * jnp.abs(pos[:, None] - pos[None, :]) * jnp.arange(1, HEADS + 1)[:, None, None]
@@ -75,7 +79,7 @@ def _gqa_by_hand(model: GqaModel, x: Any, layer: int, fn: Fn, before: bool) -> t
         else:
             scores = jnp.where(keep, scores / jnp.sqrt(8.0), -jnp.inf)
         y, pattern = _attention(scores, v, fn if i == layer else _same, before)
-        seen = pattern if i == layer else seen
+        seen, y = (pattern, z(y)) if i == layer else (seen, y)
         x = x + attn.o_proj(y.reshape(1, t, 32))
         x = x + block.mlp(jax.nn.gelu(block.ln_2(x)))
     return model.head(model.ln_f(x)), seen
@@ -277,13 +281,109 @@ def test_gradients_of_an_intervened_pattern_and_of_both_points_of_one_kernel() -
     assert "blocks.1.attn.scores.grad" in saved
 
 
-@pytest.mark.parametrize("name", ["blocks.0.logit_lens", "blocks.0.attn.head_out"])
-def test_an_intervention_or_a_gradient_on_a_computed_view_is_refused(name: str) -> None:
+def _gpt_by_hand(model: GPT, ids: Any, layer: int, fn: Fn) -> Any:
+    """The Equinox GPT's forward with ``fn`` on block ``layer``'s ``z`` (``[b, pos, head,
+    d_head]``) before its output projection: a head ablation written into the model."""
+    x = model.wte[ids]
+    for i, block in enumerate(model.blocks):
+        attn, h = block.attn, block.ln_1(x)
+        b, t, c = h.shape
+        q, k, v = (a.reshape(b, t, HEADS, 8) for a in jnp.split(attn.c_attn(h), 3, axis=-1))
+        z = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        z = fn(z) if i == layer else z
+        x = x + attn.c_proj(z.reshape(b, t, c))
+        x = x + block.mlp(block.ln_2(x))
+    return model.head(model.ln_f(x))
+
+
+def _zero_head_1(value: Any) -> Any:
+    return value.at[:, :, 1].set(0.0)
+
+
+def test_an_intervention_on_head_out_is_the_head_ablation(sink: Any) -> None:
+    model = GPT(jax.random.key(0))
+    want = jax.jit(_gpt_by_hand, static_argnums=(2, 3))(model, IDS, 1, _zero_head_1)
+    plain = eqx.filter_jit(model)(IDS)
+    name = "blocks.1.attn.head_out"
+    change = {name: clouseau.replace(_zero_head_1)}
+    fmodel = clouseau.instrument(
+        model, select=[name, "blocks.1.attn_out"], path=None, intervene=change
+    )
+    got = fmodel(IDS)
+    # The projection recomputed as the heads summed plus the bias: to rounding.
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOL)
+    assert np.abs(np.asarray(got - plain)).max() > 10 * TOL
+    cap = fmodel.captured  # the saved head_out is the intervened one; attn_out its sum
+    assert not cap[name][:, :, 1].any()
+    bias = np.asarray(model.blocks[1].attn.c_proj.bias)
+    np.testing.assert_allclose(cap[name].sum(2) + bias, cap["blocks.1.attn_out"], atol=1e-5)
+    same = clouseau.instrument(
+        model, select="logits", path=None, intervene={"head_out": clouseau.scale(1.0)}
+    )
+    np.testing.assert_allclose(same(IDS), plain, rtol=0, atol=TOL)
+
+
+def test_a_head_out_intervention_under_jit_vmap_and_grad(sink: Any) -> None:
     model = GqaModel(jax.random.key(0))
-    for kw in ({"intervene": {name: clouseau.scale(0.0)}}, {"grads": name}):
-        fmodel = clouseau.instrument(model, select="blocks.0.resid_post", path=None, **kw)
-        with pytest.raises(clouseau.SelectionError, match=r"never reads.*resid_post"):
-            fmodel(X)
+    name = "blocks.1.attn.head_out"
+    hand = jax.jit(lambda x: _gqa_by_hand(model, x, 1, _same, False, z=_zero_head_1)[0])
+    xs = jax.random.normal(jax.random.key(2), (3, 1, 6, 32))
+    fm = cj.instrument(
+        model, select=name, sink=sink, intervene={name: clouseau.replace(_zero_head_1)}
+    )
+    with fm:
+        np.testing.assert_allclose(jax.jit(lambda x: fm(x))(xs[0]), hand(xs[0]), atol=TOL)
+        np.testing.assert_allclose(jax.vmap(lambda x: fm(x))(xs), jax.vmap(hand)(xs), atol=TOL)
+        got = jax.grad(lambda x: fm(x).sum())(xs[1])
+        np.testing.assert_allclose(got, jax.grad(lambda x: hand(x).sum())(xs[1]), atol=TOL)
+    for i in range(len(sink.calls)):
+        if sink.calls[i]:
+            assert not np.asarray(sink.values(i)[name])[..., 1, :].any()
+
+
+def test_a_head_out_intervention_inside_a_scan_body_is_refused() -> None:
+    model = Steps(GqaModel(jax.random.key(0)))
+    xs = jax.random.normal(jax.random.key(2), (3, 1, 6, 32))
+    fmodel = clouseau.instrument(
+        model, select="blocks.0.attn_out", path=None,
+        intervene={"blocks.0.attn.head_out": clouseau.zero()},
+    )  # fmt: skip
+    with pytest.raises(clouseau.SelectionError, match=r"inside a lax.scan.*attn.z"):
+        fmodel(xs)
+
+
+def test_an_intervention_on_logit_lens_changes_its_saved_value_only() -> None:
+    model = GqaModel(jax.random.key(0))
+    plain = eqx.filter_jit(model)(X)
+    fmodel = clouseau.instrument(
+        model, select=["blocks.*.logit_lens", "blocks.*.resid_post"], path=None,
+        intervene={"blocks.0.logit_lens": clouseau.scale(2.0),
+                   "blocks.0.resid_post": clouseau.scale(0.5)},
+    )  # fmt: skip
+    out = fmodel(X)
+    cap = fmodel.captured
+    lens = jax.jit(lambda r: model.head(model.ln_f(r)))
+    # An upstream intervention reaches the later views: each lens reads its changed stream.
+    np.testing.assert_allclose(
+        cap["blocks.0.logit_lens"], 2 * lens(cap["blocks.0.resid_post"]), atol=1e-5
+    )
+    np.testing.assert_array_equal(cap["blocks.1.logit_lens"], np.asarray(out))
+    assert np.abs(np.asarray(out - plain)).max() > 10 * TOL  # the resid_post change only
+    only_lens = clouseau.instrument(
+        model, select="blocks.0.logit_lens", path=None,
+        intervene={"blocks.0.logit_lens": clouseau.zero()},
+    )  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(only_lens(X)), np.asarray(plain))
+    assert not only_lens.captured["blocks.0.logit_lens"].any()
+
+
+@pytest.mark.parametrize("name", ["blocks.0.logit_lens", "blocks.0.attn.head_out"])
+def test_a_gradient_of_a_computed_view_is_refused(name: str) -> None:
+    fmodel = clouseau.instrument(
+        GqaModel(jax.random.key(0)), select="blocks.0.resid_post", path=None, grads=name
+    )
+    with pytest.raises(clouseau.SelectionError, match=r"never reads.*resid_post"):
+        fmodel(X)
 
 
 def test_scores_and_pattern_of_one_kernel_are_refused_together() -> None:

@@ -84,8 +84,12 @@ def fill(closed: Any, graph: Graph, plan: Plan, saved: dict[int, Any]) -> None:
             raise TraceError(f"clouseau cannot compute {node.name!r} across nested scans")
         refs = reads(graph, node)
 
-        def one(*values: Any, node: Node = node, refs: tuple[Ref, ...] = refs) -> Any:
-            return evaluate(graph, node, dict(zip(refs, values, strict=True)), closed)
+        def one(
+            *values: Any, node: Node = node, refs: tuple[Ref, ...] = refs, point: Any = point
+        ) -> Any:
+            value = evaluate(graph, node, dict(zip(refs, values, strict=True)), closed)
+            # An intervention on a view changes its saved value, per iteration of a scan.
+            return value if point.change is None else point.change(value)
 
         axes = [0 if s.loops else None for s in slots]
         fn: Callable[..., Any] = one

@@ -1,21 +1,31 @@
-"""Interventions and gradients on a fused kernel's computed ``scores`` and ``pattern`` (JAX).
+"""Interventions and gradients on computed points (JAX): the stand-ins of
+:mod:`clouseau.ir.computed_interventions` lowered as :class:`~clouseau.capture.jax.plan.Rewrite` s.
 
-``jax.nn.dot_product_attention`` never materializes its pattern: the pattern is computed
-beside it (:mod:`~clouseau.capture.jax.computed`). An intervention on it replaces the
-kernel's output by its decomposition (:func:`clouseau.ir.computed_attention.decomposition`),
-evaluated in ``jnp`` from the kernel's own inputs: the scores (scale, causality, mask or
-bias), the softmax, the intervention, ``@ v``, so the changed pattern is what the model
-reads. A :class:`~clouseau.capture.jax.plan.Rewrite` with ``inputs`` does it at the
-kernel's equation, so it runs wherever the kernel runs (``jit``, ``vmap``, ``grad``, per
-iteration inside ``lax.scan``); the scores and pattern it computes are the saved ones.
-Numerics: the decomposition rounds differently from the fused kernel (about 1e-6 in
-float32), so even an identity intervention is not bitwise.
+A computed point feeds nothing in the model (:mod:`~clouseau.capture.jax.computed`). An
+intervention on one reaches the model where the point stands in for a model value
+(:func:`~clouseau.ir.computed_interventions.stand_ins`):
+
+- a fused kernel's ``scores`` / ``pattern`` (``jax.nn.dot_product_attention``): the
+  kernel's output is replaced by its decomposition
+  (:func:`clouseau.ir.computed_attention.decomposition`), evaluated in ``jnp`` from the
+  kernel's own inputs at the kernel's equation: the scores (scale, causality, mask or
+  bias), the softmax, the intervention, ``@ v``. The scores and pattern it computes are
+  the saved ones (the pattern the model read);
+- ``attn.head_out``: the output projection's output is recomputed as the intervened heads
+  summed plus the bias (:func:`clouseau.ir.computed_views.recomposition`), from the
+  values the point reads (``z``, the projection's weights), read from internal slots;
+- ``logit_lens``: nothing reads it; the intervention changes its saved value only
+  (:attr:`~clouseau.capture.jax.plan.Computed.change`).
+
+Each rewrite runs wherever its equation runs (``jit``, ``vmap``, ``grad``, per iteration
+inside ``lax.scan``). Numerics: the decomposition rounds differently from the fused kernel
+(about 1e-6 in float32), so even an identity intervention is not bitwise.
 
 ``grads=`` on a pattern: the output stays the kernel's, bit for bit, and the backward
 pass goes through the decomposition instead, with a gradient tap on the pattern:
 ``stop_gradient(out) + (d - stop_gradient(d))`` is ``out`` forward and ``d``'s gradient
-backward. A view (the logit lens, per-head outputs, a layout) feeds nothing the model
-computes, so its gradient is refused with the point to ask for instead.
+backward. A view (the logit lens, per-head outputs) feeds nothing the model computes, so
+its gradient is refused with the point to ask for instead.
 """
 
 from __future__ import annotations
@@ -25,34 +35,28 @@ from typing import Any
 
 import jax
 
-from clouseau.capture.jax.computed import READ_AT, equation_at, evaluate, softmax
+from clouseau.capture.jax.computed import (
+    READ_AT,
+    equation_at,
+    evaluate,
+    intervened_kernels,
+    reads,
+    softmax,
+)
+from clouseau.capture.jax.keys import CONTROL, enclosing
 from clouseau.capture.jax.plan import Rewrite
 from clouseau.ir.computed import is_computed
 from clouseau.ir.computed_attention import decomposition
+from clouseau.ir.computed_interventions import StandIn, stand_ins
 from clouseau.ir.errors import SelectionError
 from clouseau.ir.graph import Graph, Node, NodeKind, Ref
+from clouseau.ir.passes import producer_of
 
 Fn = Callable[[Any], Any]
 
 
-def check(graph: Graph) -> None:
-    """Refuse an intervention or ``grads=`` on a computed view (nothing in the model reads
-    it), and two interventions on one kernel's scores and pattern."""
-    kernels: dict[str, str] = {}
-    for node in graph.interventions:
-        target = graph.node(node.inputs[0].node)
-        if not is_computed(target):
-            continue
-        kernel = target.attr("kernel")
-        if not isinstance(kernel, str):
-            raise _view_error(target.name, "intervene on")
-        if kernel in kernels:
-            raise SelectionError(
-                f"clouseau cannot intervene on both {kernels[kernel]!r} and {target.name!r}: "
-                "both replace the same attention kernel by its decomposition. Intervene on "
-                "one of them (compose the changes in one clouseau.replace(fn) on the pattern)."
-            )
-        kernels[kernel] = target.name
+def check_grads(graph: Graph) -> None:
+    """Refuse ``grads=`` on a computed view: nothing in the model reads it."""
     for node in graph.grad_saves:
         target = graph.node(_computed_of(graph, node.inputs[0]))
         if is_computed(target) and not isinstance(target.attr("kernel"), str):
@@ -62,10 +66,9 @@ def check(graph: Graph) -> None:
 def _view_error(name: str, doing: str) -> SelectionError:
     return SelectionError(
         f"clouseau cannot {doing} {name!r} in JAX: it is a view computed beside the model "
-        "(a logit lens, a per-head output, a layout the model never builds), which the "
-        "model never reads, so nothing the model computes depends on it. Select the value "
-        "it is computed from instead (blocks.*.resid_post, blocks.*.attn.z, "
-        "blocks.*.attn_out, blocks.*.attn.pattern)."
+        "(a logit lens, a per-head output), which the model never reads, so its gradient "
+        "would be zero. Select the value it is computed from instead "
+        "(blocks.*.resid_post, blocks.*.attn.z, blocks.*.attn_out, blocks.*.attn.pattern)."
     )
 
 
@@ -75,13 +78,50 @@ def _computed_of(graph: Graph, ref: Ref) -> str:
     return node.inputs[0].node if node.kind is NodeKind.INTERVENE else node.name
 
 
-def changes(graph: Graph, actions: Mapping[str, Fn]) -> dict[str, Fn]:
-    """The intervention on each computed point (``actions``: by intervene node name)."""
-    return {
-        node.inputs[0].node: actions[node.name]
-        for node in graph.interventions
-        if is_computed(graph.node(node.inputs[0].node))
-    }
+def lowered(
+    graph: Graph, closed: Any, actions: Mapping[str, Fn]
+) -> tuple[tuple[Rewrite, ...], dict[str, Fn]]:
+    """The rewrites of the interventions on computed points, and those interventions by
+    point (``actions``: by intervene node name); raises what ``stand_ins`` refuses."""
+    found = stand_ins(graph)
+    changed = {s.point: actions[s.intervene] for s in found}
+    rewrites = []
+    for kernel, points in intervened_kernels(graph).items():
+        run = decomposed(graph, closed, points, changed)
+        rewrites.append(intervention(graph.node(kernel).key, run))
+    for stand_in in found:
+        if stand_in.program is not None and stand_in.replaces not in intervened_kernels(graph):
+            rewrites.append(_recomposed(graph, closed, stand_in, changed[stand_in.point]))
+    return tuple(rewrites), changed
+
+
+def _recomposed(graph: Graph, closed: Any, stand_in: StandIn, change: Fn) -> Rewrite:
+    """The model value ``stand_in`` replaces (a projection's output) recomputed from the
+    intervened point (a head_out), itself computed from the values it reads."""
+    point, program = graph.node(stand_in.point), stand_in.program
+    assert program is not None and stand_in.replaces is not None
+    target = graph.node(stand_in.replaces)
+    changed = Ref(stand_in.intervene)
+    needed = (*reads(graph, point), *(r for r in reads(graph, program) if r != changed))
+    needed = tuple(dict.fromkeys(needed))
+    control = {n.key for n in graph.nodes if n.op in CONTROL}
+    if any(k in control for r in (Ref(target.name), *needed) for k in enclosing(_key(graph, r))):
+        raise SelectionError(
+            f"clouseau cannot intervene on {point.name!r} in JAX inside a lax.scan, cond or "
+            "while_loop body: its projection is recomputed from values outside that body. "
+            "Intervene on blocks.*.attn.z (a head's slice of it) or on blocks.*.attn_out."
+        )
+
+    def fn(value: Any, *values: Any) -> Any:
+        by_ref = dict(zip(needed, values, strict=True))
+        by_ref[changed] = change(evaluate(graph, point, by_ref, closed))
+        return evaluate(graph, program, by_ref, closed)
+
+    return Rewrite(target.key, 0, fn, reads=needed)
+
+
+def _key(graph: Graph, ref: Ref) -> str:
+    return graph.node(producer_of(graph, ref).node).key
 
 
 def decomposed(

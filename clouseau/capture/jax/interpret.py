@@ -77,7 +77,7 @@ def run(
         return var.val if type(var).__name__ == "Literal" else env[var]
 
     def bind(where: str, var: Any, value: Any) -> None:
-        env[var] = value = plan.rewrite(where, [value])[0]
+        env[var] = value = plan.rewrite(where, [value], (), saved)[0]
         plan.record(where, [value], saved)
 
     for i, (var, value) in enumerate(zip(jaxpr.constvars, consts, strict=True)):
@@ -93,7 +93,7 @@ def run(
             outs = _compat.bind_equation(eqn, invals)
         # Interventions and gradient taps of this equation; a decomposed kernel's rewrite
         # appends what only slots read.
-        outs = plan.rewrite(ekey, outs, invals)
+        outs = plan.rewrite(ekey, outs, invals, saved)
         for var, value in zip(eqn.outvars, outs[: len(eqn.outvars)], strict=True):
             env[var] = value
         plan.record(ekey, outs, saved)

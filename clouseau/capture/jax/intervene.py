@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from clouseau.capture.jax import decompose, receivers
-from clouseau.capture.jax.computed import intervened_kernels, kernel_points
+from clouseau.capture.jax.computed import kernel_points
 from clouseau.capture.jax.interpret import Stream
 from clouseau.capture.jax.jaxpr_trace import Traced
 from clouseau.capture.jax.lower import begin_call, emitter, run_call, stream_emitter
@@ -63,27 +63,21 @@ _OPS = JaxOps()
 
 def intervention_rewrites(
     traced: Traced, graph: Graph, actions: Mapping[str, Action]
-) -> tuple[Rewrite, ...]:
-    """The rewrites applying the actions of ``graph``'s intervene nodes at their producers;
-    a fused kernel whose computed pattern or scores is intervened on is replaced by its
-    decomposition (:mod:`~clouseau.capture.jax.decompose`)."""
-    decompose.check(graph)
+) -> tuple[tuple[Rewrite, ...], dict[str, Callable[[Any], Any]]]:
+    """The rewrites applying the actions of ``graph``'s intervene nodes at their producers,
+    and the interventions on computed points by point (their saved values are changed):
+    those points stand in for model values (:mod:`~clouseau.capture.jax.decompose`)."""
+    decompose.check_grads(graph)
     rewrites = []
     for node in graph.interventions:
         ref = producer_of(graph, node.inputs[0])
         if is_computed(graph.node(ref.node)):
-            continue  # its kernel's rewrite, below
+            continue  # the rewrite of the value it stands in for, below
         fn = partial(actions[node.name].apply, ops=_OPS)
         rewrites.append(Rewrite(graph.node(ref.node).key, ref.index, fn))
-    changed = _changes(graph, actions)
-    for kernel, points in intervened_kernels(graph).items():
-        run = decompose.decomposed(graph, traced.jaxpr, points, changed)
-        rewrites.append(decompose.intervention(graph.node(kernel).key, run))
-    return tuple(rewrites)
-
-
-def _changes(graph: Graph, actions: Mapping[str, Action]) -> dict[str, Callable[[Any], Any]]:
-    return decompose.changes(graph, {n: partial(a.apply, ops=_OPS) for n, a in actions.items()})
+    fns = {name: partial(action.apply, ops=_OPS) for name, action in actions.items()}
+    stand_ins, changed = decompose.lowered(graph, traced.jaxpr, fns)
+    return (*rewrites, *stand_ins), changed
 
 
 def grad_emitting(
@@ -92,11 +86,11 @@ def grad_emitting(
     graph: Graph,
     graph_id: int,
     sink: Sink,
-    actions: Mapping[str, Action],
+    changed: Mapping[str, Callable[[Any], Any]],
 ) -> Any:
-    """The ``emitting`` function of a graph with save_grad nodes (see the module docs)."""
+    """The ``emitting`` function of a graph with save_grad nodes (see the module docs);
+    ``changed``: the interventions on computed points, by point."""
     closed = traced.jaxpr
-    changed = _changes(graph, actions)
     sites = []
     kernels: dict[str, dict[str, tuple[str, ...]]] = {}  # a pattern's taps, by kernel
     for node in graph.grad_saves:
