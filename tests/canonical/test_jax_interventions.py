@@ -230,7 +230,21 @@ def test_an_intervention_on_a_models_own_pattern_changes_it() -> None:
     np.testing.assert_allclose(fmodel.captured[name], weights, rtol=0, atol=1e-6)
 
 
-def _grads(model: GqaModel, x: Any, **kw: Any) -> tuple[Any, Any, dict]:
+def test_the_gradient_of_a_models_own_pattern_is_jax_grad_of_it() -> None:
+    fused = GqaModel(jax.random.key(0))
+    model = eqx.tree_at(
+        lambda m: [b.attn for b in m.blocks], fused, [_OwnAttention(b.attn) for b in fused.blocks]
+    )
+    _, _, saved = _grads(model, X, grads="blocks.1.attn.pattern")
+
+    def hand(d: Any) -> Any:
+        return _gqa_by_hand(fused, X, 1, lambda p: p + d, False)[0].sum()
+
+    want = jax.jit(jax.grad(hand))(jnp.zeros((1, HEADS, 6, 6)))
+    np.testing.assert_allclose(saved["blocks.1.attn.pattern.grad"], want, rtol=0, atol=TOL)
+
+
+def _grads(model: Any, x: Any, **kw: Any) -> tuple[Any, Any, dict]:
     """The loss, its input gradient and the saved gradients of one ``jax.grad`` call."""
     sink = RecordingSink()
     fm = cj.instrument(model, select=None, sink=sink, **kw)

@@ -86,11 +86,12 @@ def lowered(
     found = stand_ins(graph)
     changed = {s.point: actions[s.intervene] for s in found}
     rewrites = []
-    for kernel, points in intervened_kernels(graph).items():
+    kernels = intervened_kernels(graph)  # one rewrite per kernel, for its scores and pattern
+    for kernel, points in kernels.items():
         run = decomposed(graph, closed, points, changed)
         rewrites.append(intervention(graph.node(kernel).key, run))
     for stand_in in found:
-        if stand_in.program is not None and stand_in.replaces not in intervened_kernels(graph):
+        if stand_in.program is not None and stand_in.replaces not in kernels:
             rewrites.append(_recomposed(graph, closed, stand_in, changed[stand_in.point]))
     return tuple(rewrites), changed
 
