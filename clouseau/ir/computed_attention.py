@@ -46,7 +46,20 @@ def _heads_last(graph: Graph, source: Ref, name: str, module: str) -> Node | Non
         return None
     program = Program((spec,))
     out = program.transpose(program.input(0), 1, 2)
-    return program.node(name, out, inputs=(source,), module=module)
+    return program.node(name, out, inputs=(source,), module=module, attrs=(("view", "heads_last"),))
+
+
+def heads_first(graph: Graph, point: Node, value: Ref, name: str) -> Node | None:
+    """The model's ``[batch, head, pos, d_head]`` value that ``point`` (a computed
+    ``[batch, pos, head, d_head]`` layout of it: q, k, v, z) stands in for, from ``value``
+    in its place: ``value`` transposed back (exact). None: ``point`` is no such layout."""
+    if point.attr("view") != "heads_last" or point.inputs[0].index:
+        return None
+    spec = _spec(graph, value)
+    if spec is None or len(spec.shape) != 4:
+        return None
+    p = Program((spec,))
+    return p.node(name, p.transpose(p.input(0), 1, 2), inputs=(value,), module=point.module)
 
 
 def grouped_matmul(p: Program, x: Ref, y: Ref) -> Ref:

@@ -27,8 +27,11 @@ What each computed point stands in for:
 - ``blocks.{i}.attn.head_out`` (attrs ``view="head_out"``, ``projection``): the output
   projection's output, as the sum over heads plus the bias
   (:func:`~clouseau.ir.computed_views.recomposition`); to rounding, not bitwise;
+- ``q``/``k``/``v``/``z`` computed in the ``[batch, pos, head, d_head]`` layout the model
+  never builds (attr ``view="heads_last"``): the model's ``[batch, head, pos, d_head]``
+  value, transposed back (:func:`~clouseau.ir.computed_attention.heads_first`; exact);
 - ``blocks.{i}.logit_lens`` (attr ``view="logit_lens"``): nothing (``replaces`` None);
-- any other (``q``/``k``/``v``/``z`` in a layout the model never builds): refused.
+- any other computed point: refused.
 """
 
 from __future__ import annotations
@@ -36,10 +39,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clouseau.ir.computed import is_computed, program_of
-from clouseau.ir.computed_attention import decomposition
+from clouseau.ir.computed_attention import decomposition, heads_first
 from clouseau.ir.computed_views import recomposition
 from clouseau.ir.errors import SelectionError
 from clouseau.ir.graph import Graph, Node, NodeKind, Ref
+from clouseau.ir.passes import producer_of
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ def stand_ins(graph: Graph) -> tuple[StandIn, ...]:
     ------
     SelectionError
         An intervention on a computed point that stands in for no model value and is no
-        view (a ``q``/``k``/``v``/``z`` layout the model never builds), one whose model
+        view the model never reads, one whose model
         value cannot be rebuilt, two on points standing in for one model value (a kernel's
         scores and pattern), or one on a computed point together with one on the value
         it stands in for (``head_out`` and the projection's output): each names the
@@ -102,36 +106,42 @@ def stand_ins(graph: Graph) -> tuple[StandIn, ...]:
     return tuple(found)
 
 
+#: The computed points that stand in for a model value named by an attr: the attr, the
+#: builder of the program that recomputes that value, and why it may not be buildable.
+_REBUILT = (
+    ("kernel", decomposition, ".decomposed",
+     "its kernel's output is not the pattern applied to its values in a layout clouseau "
+     "can rebuild. Load the model with attn_implementation='eager' to intervene on its own "
+     "pattern."),
+    ("projection", recomposition, ".recomposed",
+     "clouseau cannot rebuild its output projection from it. Intervene on blocks.*.attn.z "
+     "(a head's slice of it) or on blocks.*.attn_out."),
+)  # fmt: skip
+
+
 def _stand_in(graph: Graph, point: Node, intervene: Node) -> StandIn:
     value = Ref(intervene.name)
     if point.attr("view") == "logit_lens":
         return StandIn(point.name, intervene.name)
-    kernel, projection = point.attr("kernel"), point.attr("projection")
-    if isinstance(kernel, str):
-        program = decomposition(graph, point, value, f"{point.name}.decomposed")
-        if program is None:
-            raise SelectionError(
-                f"cannot intervene on {point.name!r}: its kernel's output is not the "
-                "pattern applied to its values in a layout clouseau can rebuild. Load the "
-                "model with attn_implementation='eager' to intervene on its own pattern."
-            )
-        return StandIn(point.name, intervene.name, kernel, program, (kernel,))
-    if isinstance(projection, str):
-        program = recomposition(graph, point, value, f"{point.name}.recomposed")
-        if program is None:
-            raise SelectionError(
-                f"cannot intervene on {point.name!r}: clouseau cannot rebuild its output "
-                "projection from it. Intervene on blocks.*.attn.z (a head's slice of it) "
-                "or on blocks.*.attn_out."
-            )
-        return StandIn(point.name, intervene.name, projection, program, _replayed(point))
+    for attr, build, suffix, why in _REBUILT:
+        replaces = point.attr(attr)
+        if isinstance(replaces, str):
+            program = build(graph, point, value, point.name + suffix)
+            if program is None:
+                raise SelectionError(f"cannot intervene on {point.name!r}: {why}")
+            # What the point replays (the projection) or the kernel: unread once replaced.
+            drops = _replayed(point) or (replaces,)
+            return StandIn(point.name, intervene.name, replaces, program, drops)
+    program = heads_first(graph, point, value, f"{point.name}.heads_first")
+    if program is not None:
+        return StandIn(
+            point.name, intervene.name, producer_of(graph, point.inputs[0]).node, program
+        )
     raise SelectionError(
-        f"cannot intervene on {point.name!r}: it is a layout computed beside the model "
-        "(a [batch, pos, head, d_head] view of a value the model holds as [batch, head, "
-        "pos, d_head] or fused), which the model never reads, so changing it would change "
-        "nothing the model computes. Intervene on the value it is computed from "
-        "(blocks.*.attn.pattern, blocks.*.attn_out, blocks.*.resid_post), or load the "
-        "model with attn_implementation='eager'."
+        f"cannot intervene on {point.name!r}: it is computed beside the model and stands "
+        "in for no value the model reads, so changing it would change nothing the model "
+        "computes. Intervene on the value it is computed from (blocks.*.attn.pattern, "
+        "blocks.*.attn_out, blocks.*.resid_post)."
     )
 
 

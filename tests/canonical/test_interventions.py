@@ -77,10 +77,16 @@ def _halve(scores: torch.Tensor) -> torch.Tensor:
     return scores * 0.5
 
 
-def _eager_patched(family: Family, model: torch.nn.Module, layer: int, fn, before: bool):
-    """The eager model's logits and attention weights with ``fn`` patched in."""
+def eager_twin(family: Family, model: torch.nn.Module) -> torch.nn.Module:
+    """The family's eager-attention model with ``model``'s weights."""
     eager = family.model("eager")
     eager.load_state_dict(model.state_dict())
+    return eager
+
+
+def _eager_patched(family: Family, model: torch.nn.Module, layer: int, fn, before: bool):
+    """The eager model's logits and attention weights with ``fn`` patched in."""
+    eager = eager_twin(family, model)
     with torch.no_grad(), _patched_softmax(layer, fn, before=before):
         out = eager(**family.inputs(), output_attentions=True)
     return out.logits, out.attentions[layer]
@@ -121,8 +127,7 @@ def test_an_intervention_on_a_computed_pattern_is_the_eager_patch(
 def test_an_intervention_on_a_computed_pattern_applies_at_every_generation_step() -> None:
     fam = BY_NAME["llama"]
     model = fam.model("sdpa")
-    eager = fam.model("eager")
-    eager.load_state_dict(model.state_dict())
+    eager = eager_twin(fam, model)
     ids = fam.inputs()["input_ids"]
     kw = {"max_new_tokens": 3, "do_sample": False}
     with torch.no_grad(), _patched_softmax(0, _ablate_head_1, before=False):
@@ -171,8 +176,7 @@ def test_scores_and_pattern_of_one_kernel_are_refused_together() -> None:
 def test_a_padded_batch_keeps_its_outputs_through_the_decomposition(family: str) -> None:
     fam = BY_NAME[family]
     model = fam.model("sdpa")
-    eager = fam.model("eager")
-    eager.load_state_dict(model.state_dict())
+    eager = eager_twin(fam, model)
     ids = torch.tensor([[5, 17, 42, 8, 33, 3], [1, 1, 42, 8, 33, 3]])
     inputs = {"input_ids": ids, "attention_mask": torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]])}
     with torch.no_grad():
@@ -212,8 +216,7 @@ def test_an_intervention_on_a_computed_pattern_in_the_dynamic_tier_is_the_eager_
     fam = BY_NAME["gpt2"]
     model = fam.model("sdpa")
     ids = fam.inputs()["input_ids"]
-    eager = fam.model("eager")
-    eager.load_state_dict(model.state_dict())
+    eager = eager_twin(fam, model)
     with torch.no_grad(), _patched_softmax(0, _ablate_head_1, before=False):
         want = _Branchy(eager)(ids)
         weights = eager(input_ids=ids, output_attentions=True).attentions[0]

@@ -2,21 +2,24 @@
 reads (the output projection's output becomes the sum over heads of the intervened
 head_out plus the bias), equal to the same ablation hand-patched into the eager model
 with a pre-hook on the projection; ``blocks.*.logit_lens`` (read by nothing in the model)
-changes its saved value only; an intervention upstream reaches every later view."""
+changes its saved value only; a computed ``[batch, pos, head, d_head]`` layout of q, k, v
+is transposed back into what the kernel reads; an intervention upstream reaches every
+later view."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import pytest
 import torch
 
 import clouseau
+from clouseau.ir.computed import is_computed
 from clouseau.ir.graph import TraceKind
 from tests.canonical.families import BY_NAME, FAMILIES, Family, first_tensor
-from tests.canonical.test_interventions import _Branchy, _patched_softmax, _uniform
+from tests.canonical.test_interventions import _Branchy, _patched_softmax, _uniform, eager_twin
 
 #: A sum of per-head products rounds differently from the projection's one matmul.
 TOL = 1e-5
@@ -268,8 +271,7 @@ def test_head_out_and_pattern_of_one_layer_compose(family: str) -> None:
     # read from its output is then intervened on and recomposed into the projection.
     fam = BY_NAME[family]
     model = fam.model("sdpa")
-    eager = fam.model("eager")
-    eager.load_state_dict(model.state_dict())
+    eager = eager_twin(fam, model)
     handle = _head_patched(fam, eager, _zero_head(2))
     with torch.no_grad(), _patched_softmax(LAYER, _uniform, before=False):
         want = eager(**fam.inputs()).logits
@@ -298,3 +300,54 @@ def test_head_out_and_the_projection_it_stands_in_for_are_refused_together() -> 
         clouseau.SelectionError, match=r"both 'blocks.1.attn.head_out' and .*replace\(fn\)"
     ):
         fmodel(**fam.inputs())
+
+
+@contextmanager
+def _patched_sdpa(layer: int, which: int, fn: Callable[[torch.Tensor], torch.Tensor]):
+    """``F.scaled_dot_product_attention`` of block ``layer`` (its ``layer``-th call of each
+    forward of two blocks) with ``fn`` applied to its input ``which`` (0: query, 1: key,
+    2: value) in the ``[batch, pos, head, d_head]`` layout."""
+    real = torch.nn.functional.scaled_dot_product_attention
+    calls = iter(range(1 << 30))
+
+    def sdpa(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if next(calls) % 2 == layer:
+            args = list(args)
+            args[which] = fn(args[which].transpose(1, 2)).transpose(1, 2)
+        return real(*args, **kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = real
+
+
+@pytest.mark.parametrize(
+    ("family", "leaf"), [("gpt_neox", "q"), ("gpt_neox", "v"), ("phi", "k"), ("falcon", "q")]
+)
+def test_an_intervention_on_a_computed_head_layout_is_the_eager_patch(
+    family: str, leaf: str
+) -> None:
+    # These families hold q, k, v only as [batch, head, pos, d_head]: the canonical
+    # [batch, pos, head, d_head] one is computed, and an intervention on it is transposed
+    # back into the value the kernel reads.
+    fam = BY_NAME[family]
+    model = fam.model("sdpa")
+    name = f"blocks.0.attn.{leaf}"
+    fn = _zero_head(1)
+    with torch.no_grad():
+        plain = first_tensor(model(**fam.inputs()))
+        with _patched_sdpa(0, "qkv".index(leaf), fn):
+            want = first_tensor(model(**fam.inputs()))
+    fmodel = clouseau.instrument(
+        model, select=name, path=None, intervene={name: clouseau.replace(fn)}
+    )
+    graph = clouseau.trace(model, **fam.inputs())
+    assert is_computed(graph.node(graph.point(name).ref.node))
+    for call in range(2):
+        with torch.no_grad():
+            got = first_tensor(fmodel(**fam.inputs()))
+        torch.testing.assert_close(got, want, rtol=0, atol=TOL)
+        assert (got - plain).abs().max() > 10 * TOL
+        assert not fmodel.captured.get(name, call=call)[:, :, 1].any()

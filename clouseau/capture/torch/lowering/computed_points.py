@@ -16,6 +16,7 @@ import torch.fx as fx
 from clouseau.capture.torch.lowering.computed import lower_computed, replayed, softmax_node
 from clouseau.ir.computed import is_computed
 from clouseau.ir.computed_interventions import StandIn
+from clouseau.ir.errors import SelectionError
 from clouseau.ir.graph import INSTRUMENTATION, AttrValue, Graph
 from clouseau.ir.passes import producer_of
 
@@ -89,10 +90,38 @@ def lower_stand_ins(
                 later.add(n)
             after = after or n is out
         # Later readers only: the point's own computation reads the model's value.
+        _check_read_later(stand_in, replaced, values[stand_in.intervene], later)
         replaced.replace_all_uses_with(out, delete_user_cb=later.__contains__)
-        drops += [values[name] for name in reversed(stand_in.drops) if name in values]
+        drops += [
+            values[name]
+            for name in reversed(stand_in.drops)
+            if name in values and name != stand_in.replaces
+        ]
         values[stand_in.replaces] = out
+        if not replaced.users:  # the kernel (an RNG op to fx, though its dropout is 0)
+            fx_graph.erase_node(replaced)
     return drops
+
+
+def _check_read_later(
+    stand_in: StandIn, replaced: fx.Node, changed: fx.Node, later: set[fx.Node]
+) -> None:
+    """Refuse a reader of ``replaced`` placed before the value recomputed for it that is
+    not part of computing the intervened point: it would read the unchanged value."""
+    own: set[fx.Node] = set()
+    todo = [changed]
+    while todo:
+        node = todo.pop()
+        if node not in own:
+            own.add(node)
+            todo += node.all_input_nodes
+    early = [u.name for u in replaced.users if u not in later and u not in own]
+    if early:
+        raise SelectionError(
+            f"cannot intervene on {stand_in.point!r}: {', '.join(early)} read(s) the value "
+            f"it stands in for ({stand_in.replaces!r}) before clouseau can recompute it. "
+            "Intervene on the value it is computed from, or select fewer computed points."
+        )
 
 
 def drop_unread(fx_graph: fx.Graph, nodes: list[fx.Node]) -> None:
