@@ -355,6 +355,18 @@ def test_a_head_out_intervention_under_jit_vmap_and_grad(sink: Any) -> None:
             assert not np.asarray(sink.values(i)[name])[..., 1, :].any()
 
 
+def test_a_pattern_and_a_head_out_intervention_of_one_layer_compose() -> None:
+    model = GqaModel(jax.random.key(0))
+    zero_head_2 = lambda z: z.at[:, :, 2].set(0.0)  # noqa: E731
+    want = jax.jit(lambda x: _gqa_by_hand(model, x, 1, _ablate_head_1, False, z=zero_head_2))
+    fmodel = clouseau.instrument(
+        model, select="logits", path=None,
+        intervene={"blocks.1.attn.pattern": clouseau.replace(_ablate_head_1),
+                   "blocks.1.attn.head_out": clouseau.replace(zero_head_2)},
+    )  # fmt: skip
+    np.testing.assert_allclose(fmodel(X), want(X)[0], rtol=0, atol=TOL)
+
+
 def test_a_head_out_intervention_inside_a_scan_body_is_refused() -> None:
     model = Steps(GqaModel(jax.random.key(0)))
     xs = jax.random.normal(jax.random.key(2), (3, 1, 6, 32))
