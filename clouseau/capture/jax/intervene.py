@@ -98,7 +98,7 @@ def grad_emitting(
         target = graph.node(ref.node)
         key = target.key
         names = node.names
-        if is_computed(target):  # a pattern or scores (decompose.check refused views)
+        if is_computed(target):  # a pattern or scores (decompose.check_grads refused views)
             key = graph.node(str(target.attr("kernel"))).key
         if loops(graph, key):
             warnings.warn(
