@@ -137,7 +137,10 @@ def decomposition(graph: Graph, point: Node, value: Ref, name: str) -> Node | No
         return None
     p = Program((spec, v_spec))
     weights = p.softmax(p.input(0)) if what == "scores" else p.input(0)
-    out = grouped_matmul(p, weights, p.input(1))
+    bshd = kernel.attr("layout") == "bshd"  # jax's kernel: v and its output heads-third
+    values = p.transpose(p.input(1), 1, 2) if bshd else p.input(1)
+    out = grouped_matmul(p, weights, values)
+    out = p.transpose(out, 1, 2) if bshd else out
     if p.spec(out).shape != out_spec.shape:
         return None
     return p.node(name, out, inputs=(value, v), module=kernel.module)

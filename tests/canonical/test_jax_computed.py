@@ -175,18 +175,6 @@ def test_computed_points_under_jit_vmap_grad_and_scan(sink: Any) -> None:
             np.testing.assert_allclose(got[name], value, rtol=0, atol=1e-6, err_msg=name)
 
 
-def test_intervening_on_a_computed_point_is_refused() -> None:
-    model = GqaModel(jax.random.key(0))
-    fmodel = clouseau.instrument(
-        model,
-        select="blocks.0.attn_out",
-        intervene={"blocks.0.attn.pattern": clouseau.zero()},
-        path=None,
-    )
-    with pytest.raises(clouseau.SelectionError, match="computed beside the model"):
-        fmodel(X)
-
-
 def test_exporting_a_computed_point_to_onnx_is_refused(tmp_path: Any) -> None:
     pytest.importorskip("onnx")
     from clouseau.exporters.onnx_jax import UnsupportedOpError

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 
 from clouseau.capture.jax import _compat
 from clouseau.capture.jax.keys import parse_key
-from clouseau.ir.computed import Op, program_of
-from clouseau.ir.errors import SelectionError, TraceError
+from clouseau.ir.computed import Op, is_computed, program_of
+from clouseau.ir.errors import TraceError
 from clouseau.ir.graph import Graph, Node, NodeKind, Ref
 
 if TYPE_CHECKING:  # the plan places what computed points read (reads, below)
@@ -43,14 +43,30 @@ def reads(graph: Graph, node: Node) -> tuple[Ref, ...]:
     return tuple(found)
 
 
-def refusal(name: str) -> SelectionError:
-    """The error of an intervention on the computed point ``name``: nothing reads it."""
-    return SelectionError(
-        f"clouseau cannot intervene on {name!r} in JAX: it is computed beside the model "
-        "from the values it reads (a fused attention's pattern, a layout or view the model "
-        "never builds), so no equation of the model reads it. Intervene on a value the "
-        "model holds instead (blocks.*.attn.z where the model has it, blocks.*.attn_out)."
-    )
+#: Where a decomposed kernel's rewrite puts the scores and pattern the model reads: past
+#: the kernel's own outputs, at these offsets (:mod:`~clouseau.capture.jax.decompose`).
+READ_AT = {"scores": 0, "pattern": 1}
+
+
+def kernel_points(graph: Graph, kernels: set[str]) -> dict[str, dict[str, Node]]:
+    """The computed ``scores`` and ``pattern`` points of each fused kernel of ``kernels``."""
+    found: dict[str, dict[str, Node]] = {k: {} for k in kernels}
+    for node in graph.nodes:
+        kernel, what = node.attr("kernel"), node.attr("attention")
+        if is_computed(node) and kernel in found and what in READ_AT:
+            found[str(kernel)][str(what)] = node
+    return found
+
+
+def intervened_kernels(graph: Graph) -> dict[str, dict[str, Node]]:
+    """The fused kernels that an intervention on their computed scores or pattern
+    replaces by their decomposition, with their computed points (:func:`kernel_points`)."""
+    hit = set()
+    for node in graph.interventions:
+        target = graph.node(node.inputs[0].node)
+        if is_computed(target) and isinstance(target.attr("kernel"), str):
+            hit.add(str(target.attr("kernel")))
+    return kernel_points(graph, hit)
 
 
 def fill(closed: Any, graph: Graph, plan: Plan, saved: dict[int, Any]) -> None:
@@ -68,8 +84,12 @@ def fill(closed: Any, graph: Graph, plan: Plan, saved: dict[int, Any]) -> None:
             raise TraceError(f"clouseau cannot compute {node.name!r} across nested scans")
         refs = reads(graph, node)
 
-        def one(*values: Any, node: Node = node, refs: tuple[Ref, ...] = refs) -> Any:
-            return evaluate(graph, node, dict(zip(refs, values, strict=True)), closed)
+        def one(
+            *values: Any, node: Node = node, refs: tuple[Ref, ...] = refs, point: Any = point
+        ) -> Any:
+            value = evaluate(graph, node, dict(zip(refs, values, strict=True)), closed)
+            # An intervention on a view changes its saved value, per iteration of a scan.
+            return value if point.change is None else point.change(value)
 
         axes = [0 if s.loops else None for s in slots]
         fn: Callable[..., Any] = one
@@ -154,7 +174,8 @@ def _causal_fill(x: Any, value: float, offset: int) -> Any:
     return jnp.where(keep, x, jnp.asarray(value, x.dtype))
 
 
-def _softmax(x: Any, axis: int) -> Any:
+def softmax(x: Any, axis: int = -1) -> Any:
+    """The softmax of computed points (:attr:`~clouseau.ir.computed.Op.SOFTMAX`)."""
     f = x.astype(jnp.float32)
     # A row of only -inf (a query that sees no key) is 0, as a fused kernel gives it.
     empty = jnp.all(f == -jnp.inf, axis=axis, keepdims=True)
@@ -190,7 +211,7 @@ _OPS: dict[Op, Callable[[list[Any], dict[str, Any]], Any]] = {
     Op.ADD: lambda a, t: a[0] + _second(a, t),
     Op.MUL: lambda a, t: a[0] * _second(a, t),
     Op.TANH: lambda a, _: jnp.tanh(a[0]),
-    Op.SOFTMAX: lambda a, t: _softmax(a[0], t["axis"]),
+    Op.SOFTMAX: lambda a, t: softmax(a[0], t["axis"]),
     Op.LAYER_NORM: lambda a, t: _layer_norm(a, t["eps"]),
     Op.RMS_NORM: lambda a, t: _rms_norm(a, t["eps"]),
     Op.RESHAPE: lambda a, t: jnp.reshape(a[0], tuple(t["shape"])),

@@ -77,7 +77,7 @@ def run(
         return var.val if type(var).__name__ == "Literal" else env[var]
 
     def bind(where: str, var: Any, value: Any) -> None:
-        env[var] = value = plan.rewrite(where, [value])[0]
+        env[var] = value = plan.rewrite(where, [value], (), saved)[0]
         plan.record(where, [value], saved)
 
     for i, (var, value) in enumerate(zip(jaxpr.constvars, consts, strict=True)):
@@ -91,8 +91,10 @@ def run(
             outs = _open(eqn, ekey, invals, plan, saved, stream)
         else:
             outs = _compat.bind_equation(eqn, invals)
-        outs = plan.rewrite(ekey, outs)  # interventions and gradient taps of this equation
-        for var, value in zip(eqn.outvars, outs, strict=True):
+        # Interventions and gradient taps of this equation; a decomposed kernel's rewrite
+        # appends what only slots read.
+        outs = plan.rewrite(ekey, outs, invals, saved)
+        for var, value in zip(eqn.outvars, outs[: len(eqn.outvars)], strict=True):
             env[var] = value
         plan.record(ekey, outs, saved)
     return [read(v) for v in jaxpr.outvars]

@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from clouseau.capture.jax import receivers
-from clouseau.capture.jax.computed import refusal
+from clouseau.capture.jax import decompose, receivers
+from clouseau.capture.jax.computed import kernel_points
 from clouseau.capture.jax.interpret import Stream
 from clouseau.capture.jax.jaxpr_trace import Traced
 from clouseau.capture.jax.lower import begin_call, emitter, run_call, stream_emitter
@@ -61,26 +61,45 @@ class JaxOps:
 _OPS = JaxOps()
 
 
-def intervention_rewrites(graph: Graph, actions: Mapping[str, Action]) -> tuple[Rewrite, ...]:
-    """The rewrites applying the actions of ``graph``'s intervene nodes at their producers."""
+def intervention_rewrites(
+    traced: Traced, graph: Graph, actions: Mapping[str, Action]
+) -> tuple[tuple[Rewrite, ...], dict[str, Callable[[Any], Any]]]:
+    """The rewrites applying the actions of ``graph``'s intervene nodes at their producers,
+    and the interventions on computed points by point (their saved values are changed):
+    those points stand in for model values (:mod:`~clouseau.capture.jax.decompose`)."""
+    decompose.check_grads(graph)
     rewrites = []
     for node in graph.interventions:
         ref = producer_of(graph, node.inputs[0])
         if is_computed(graph.node(ref.node)):
-            raise refusal(ref.node)
+            continue  # the rewrite of the value it stands in for, below
         fn = partial(actions[node.name].apply, ops=_OPS)
         rewrites.append(Rewrite(graph.node(ref.node).key, ref.index, fn))
-    return tuple(rewrites)
+    fns = {name: partial(action.apply, ops=_OPS) for name, action in actions.items()}
+    stand_ins, changed = decompose.lowered(graph, traced.jaxpr, fns)
+    return (*rewrites, *stand_ins), changed
 
 
-def grad_emitting(traced: Traced, plan: Plan, graph: Graph, graph_id: int, sink: Sink) -> Any:
-    """The ``emitting`` function of a graph with save_grad nodes (see the module docs)."""
+def grad_emitting(
+    traced: Traced,
+    plan: Plan,
+    graph: Graph,
+    graph_id: int,
+    sink: Sink,
+    changed: Mapping[str, Callable[[Any], Any]],
+) -> Any:
+    """The ``emitting`` function of a graph with save_grad nodes (see the module docs);
+    ``changed``: the interventions on computed points, by point."""
     closed = traced.jaxpr
     sites = []
+    kernels: dict[str, dict[str, tuple[str, ...]]] = {}  # a pattern's taps, by kernel
     for node in graph.grad_saves:
         ref = producer_of(graph, node.inputs[0])
-        key = graph.node(ref.node).key
+        target = graph.node(ref.node)
+        key = target.key
         names = node.names
+        if is_computed(target):  # a pattern or scores (decompose.check_grads refused views)
+            key = graph.node(str(target.attr("kernel"))).key
         if loops(graph, key):
             warnings.warn(
                 f"clouseau does not save the gradient of {names[0][: -len('.grad')]!r}: it is "
@@ -88,7 +107,11 @@ def grad_emitting(traced: Traced, plan: Plan, graph: Graph, graph_id: int, sink:
                 stacklevel=2,
             )
             continue
+        if is_computed(target):
+            kernels.setdefault(str(target.attr("kernel")), {})[target.name] = names
+            continue
         sites.append((key, ref.index, names, ref.node))
+    kernel_taps = {k: (kernel_points(graph, {k})[k], t) for k, t in kernels.items()}
     stream = Stream(emit=stream_emitter(plan, sink, graph_id))
 
     def emitting(*arrays: Any) -> list[Any]:
@@ -97,6 +120,13 @@ def grad_emitting(traced: Traced, plan: Plan, graph: Graph, graph_id: int, sink:
             Rewrite(key, output, tap(partial(put_grad, sink, graph_id, names, node), call))
             for key, output, names, node in sites
         ]
+        for kernel, (points, tapped_names) in kernel_taps.items():
+            fns = {
+                point: tap(partial(put_grad, sink, graph_id, names, point), call)
+                for point, names in tapped_names.items()
+            }
+            run = decompose.decomposed(graph, closed, points, changed, fns)
+            taps.append(decompose.gradient(graph.node(kernel).key, run))
         tapped = plan.with_rewrites(taps)
         outs, saved = run_call(closed, tapped, arrays, replace(stream, call=call), graph)
         values = [jax.lax.stop_gradient(v) for v in saved]

@@ -23,7 +23,7 @@ of :mod:`~clouseau.capture.jax.receivers`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -61,13 +61,19 @@ class Runnable:
 
 
 def runnable(
-    traced: Traced, graph: Graph, graph_id: int, sink: Sink, rewrites: Sequence[Rewrite] = ()
+    traced: Traced,
+    graph: Graph,
+    graph_id: int,
+    sink: Sink,
+    rewrites: Sequence[Rewrite] = (),
+    changes: Mapping[str, Callable[[Any], Any]] | None = None,
 ) -> Runnable:
     """Build the ``collect`` and ``emitting`` functions of an instrumented graph.
 
-    ``rewrites`` are the graph's interventions (see :mod:`clouseau.capture.jax.intervene`).
+    ``rewrites`` are the graph's interventions, ``changes`` those on computed points (see
+    :mod:`clouseau.capture.jax.intervene`).
     """
-    plan = make_plan(graph, rewrites)
+    plan = make_plan(graph, rewrites, changes)
     closed = traced.jaxpr
     stream = Stream(emit=stream_emitter(plan, sink, graph_id))
 

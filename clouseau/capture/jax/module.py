@@ -139,10 +139,12 @@ class Core:
                 )
                 graph = rewritten.graph
                 graph_id = self.sink.add_graph(graph)
-                rewrites = intervention_rewrites(graph, rewritten.actions)
-                lowered = runnable(traced, graph, graph_id, self.sink, rewrites)
+                rewrites, changes = intervention_rewrites(traced, graph, rewritten.actions)
+                lowered = runnable(traced, graph, graph_id, self.sink, rewrites, changes)
                 if graph.grad_saves:
-                    emitting = grad_emitting(traced, lowered.plan, graph, graph_id, self.sink)
+                    emitting = grad_emitting(
+                        traced, lowered.plan, graph, graph_id, self.sink, changes
+                    )
                     lowered = replace(lowered, emitting=emitting)
                 found = _Entry(traced, lowered)
                 self._entries[key] = found

@@ -16,12 +16,12 @@ call's last delivery waits on it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
-from clouseau.capture.jax.computed import reads
+from clouseau.capture.jax.computed import READ_AT, intervened_kernels, reads
 from clouseau.capture.jax.keys import (
     CONTROL,
     LOOPS,
@@ -32,7 +32,7 @@ from clouseau.capture.jax.keys import (
     is_inside,
 )
 from clouseau.ir.computed import is_computed
-from clouseau.ir.graph import Graph, Node
+from clouseau.ir.graph import Graph, Node, Ref
 from clouseau.ir.passes import producer_of
 
 
@@ -65,11 +65,21 @@ class Rewrite:
     """Replace output ``output`` of the equation (or input) at ``key`` by ``fn(value)``.
 
     An intervention, or a gradient tap: later equations and saves read the new value.
+    With ``inputs``, ``fn(outputs, inputs)`` gives all the equation's outputs from its
+    inputs (a fused kernel replaced by its decomposition), followed by values that only
+    slots read (the pattern the model reads, at the offsets of
+    :data:`~clouseau.capture.jax.computed.READ_AT`).
     """
 
     key: str
     output: int
-    fn: Callable[[Any], Any]
+    fn: Callable[..., Any]
+    inputs: bool = False
+    # Model values fn reads besides (fn(value, *theirs): a projection recomputed from an
+    # intervened head_out and the z it is computed from), and their internal slots, set
+    # by make_plan; computed before ``key`` in the same jaxpr.
+    reads: tuple[Ref, ...] = ()
+    slots: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,7 @@ class Computed:
     slot: int
     node: str
     reads: tuple[int, ...]
+    change: Callable[[Any], Any] | None = None  # its intervention: the saved value changed
 
 
 @dataclass(frozen=True)
@@ -138,6 +149,7 @@ class Plan:
     def top(self) -> tuple[int, ...]:
         """Slot ids delivered at the end of the call (not what computed points read)."""
         internal = {i for c in self.computed for i in c.reads}
+        internal.update(i for r in self.rewrites for i in r.slots)
         return tuple(i for i, s in enumerate(self.slots) if not s.stream and i not in internal)
 
     @cached_property
@@ -145,24 +157,35 @@ class Plan:
         """A while loop streams values: ``collect`` takes the call index first."""
         return any(s.stream for s in self.slots)
 
-    def rewrite(self, key: str, values: Sequence[Any]) -> list[Any]:
-        """``values`` of the equation at ``key`` with its rewrites applied, in order."""
+    def rewrite(
+        self, key: str, values: Sequence[Any], inputs: Sequence[Any], saved: dict[int, Any]
+    ) -> list[Any]:
+        """``values`` of the equation at ``key`` (its ``inputs``; ``saved``: the slots
+        filled so far) with its rewrites applied, in order."""
         values = list(values)
         for r in self.rewrites:
-            if r.key == key:
-                values[r.output] = r.fn(values[r.output])
+            if r.key == key and r.inputs:
+                values = list(r.fn(values, inputs))
+            elif r.key == key:
+                values[r.output] = r.fn(values[r.output], *[saved[i] for i in r.slots])
         return values
 
     def with_rewrites(self, more: Sequence[Rewrite]) -> Plan:
         return replace(self, rewrites=(*self.rewrites, *more))
 
 
-def make_plan(graph: Graph, rewrites: Sequence[Rewrite] = ()) -> Plan:
+def make_plan(
+    graph: Graph,
+    rewrites: Sequence[Rewrite] = (),
+    changes: Mapping[str, Callable[[Any], Any]] | None = None,
+) -> Plan:
     """The slots of the save nodes of ``graph`` in graph order, each hidden one first needed.
 
     A save of an intervened value sits at the producer's key: the rewrite runs first.
+    ``changes`` are the interventions on computed points, by point: a saved one is the
+    changed value.
     """
-    return _Placer(graph).plan(tuple(rewrites))
+    return _Placer(graph).plan(tuple(rewrites), changes or {})
 
 
 class _Placer:
@@ -174,25 +197,44 @@ class _Placer:
         self.slots: list[Slot] = []
         self.hidden: dict[str, int] = {}
 
-    def plan(self, rewrites: tuple[Rewrite, ...]) -> Plan:
+    def plan(self, rewrites: tuple[Rewrite, ...], changes: Mapping[str, Any]) -> Plan:
         computed: list[Computed] = []
+        rewrites = tuple(self.reading(r) for r in rewrites)
+        decomposed = intervened_kernels(self.graph)
         for save in self.graph.saves:
             ref = producer_of(self.graph, save.inputs[0])
             node = self.graph.node(ref.node)
             names = save.names
+            if node.attr("kernel") in decomposed:
+                # What the model reads, computed where the decomposition replaces the kernel.
+                kernel = self.graph.node(str(node.attr("kernel")))
+                at = len(kernel.outputs) + READ_AT[str(node.attr("attention"))]
+                self.slots.append(self.slot(names, node.name, kernel.key, at))
+                continue
             if is_computed(node):
-                computed.append(self.computed(names, node))
+                computed.append(replace(self.computed(names, node), change=changes.get(node.name)))
                 continue
             self.slots.append(self.slot(names, node.name, node.key, ref.index))
         return Plan(tuple(self.slots), rewrites, tuple(computed))
+
+    def reading(self, rewrite: Rewrite) -> Rewrite:
+        """``rewrite`` with the internal slots of the values it reads."""
+        if not rewrite.reads:
+            return rewrite
+        return replace(rewrite, slots=tuple(self.internal(ref) for ref in rewrite.reads))
+
+    def internal(self, ref: Ref) -> int:
+        """A new internal slot of the model value ``ref`` (after its interventions)."""
+        ref = producer_of(self.graph, ref)  # an intervened value is rewritten at its producer
+        source = self.graph.node(ref.node)
+        self.slots.append(self.slot((), source.name, source.key, ref.index))
+        return len(self.slots) - 1
 
     def computed(self, names: tuple[str, ...], node: Node) -> Computed:
         """A computed point's slot, where the deepest value it reads is, and its read slots."""
         ids = []
         for ref in reads(self.graph, node):
-            source = self.graph.node(ref.node)
-            ids.append(len(self.slots))
-            self.slots.append(self.slot((), source.name, source.key, ref.index))
+            ids.append(self.internal(ref))
         deepest = max((self.slots[i] for i in ids), key=lambda s: s.loops)
         self.slots.append(replace(deepest, names=names, node=node.name, key="", output=0))
         return Computed(len(self.slots) - 1, node.name, tuple(ids))
