@@ -133,9 +133,32 @@ def dynamo_frame_module() -> Any:
         tx = InstructionTranslator.current_tx()
         first = tx.f_code.co_varnames[0] if tx.f_code.co_argcount else None
         found = tx.f_locals.get(first) if first else None
+        if not isinstance(found, torch.nn.Module):
+            # A resume function (the code after a graph break) takes the live stack
+            # values first, and ``self`` only while still used: the module it runs in is
+            # the one whose ``__call__`` is the innermost running (it calls the resume).
+            found = tx.f_locals.get("self")
+            if not isinstance(found, torch.nn.Module):
+                found = _innermost_module_call()
     except Exception:
         return None
     return found if isinstance(found, torch.nn.Module) else None
+
+
+def _innermost_module_call() -> Any:
+    """The module of the innermost ``Module._call_impl`` running in this thread, or None."""
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_call_impl" and code.co_filename == _MODULE_FILE:
+            return frame.f_locals.get("self")
+        frame = frame.f_back
+    return None
+
+
+_MODULE_FILE = torch.nn.Module._call_impl.__code__.co_filename
 
 
 def register_cache_pytrees(model: torch.nn.Module) -> None:
@@ -254,3 +277,57 @@ def pytree_children(value: Any) -> list[Any] | None:
         return None
     children, _ = node.flatten_fn(value)
     return list(children)
+
+
+def on_compile_start(callback: Any) -> Any:
+    """Run ``callback()`` whenever TorchDynamo starts compiling a frame (before it traces
+    it); returns the handle :func:`remove_compile_start` takes."""
+    from torch._dynamo.callback import callback_handler
+
+    def started(_: Any) -> None:
+        callback()
+
+    callback_handler.register_start_callback(started)
+    return started
+
+
+def remove_compile_start(handle: Any) -> None:
+    from torch._dynamo.callback import callback_handler
+
+    if handle in callback_handler.start_callbacks:
+        callback_handler.remove_start_callback(handle)
+
+
+def compiled_call(
+    backend: Any, depth: int = 1 << 30
+) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | None:
+    """The callable ``torch.compile(..., backend=backend)`` wrapped that this thread is
+    calling now, with its arguments: ``(fn, args, kwargs)`` of the innermost such call, or
+    None. Read from the frame of Dynamo's wrapper (``compile_wrapper`` in
+    ``torch/_dynamo/eval_frame.py``), whose ``callback`` wraps the backend, among the
+    ``depth`` frames above the caller."""
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None and depth > 0:
+        depth -= 1
+        code = frame.f_code
+        if code.co_name == "compile_wrapper" and code.co_filename.endswith("eval_frame.py"):
+            local = frame.f_locals
+            if _wraps(local.get("callback"), backend):
+                return local.get("fn"), tuple(local.get("args", ())), local.get("kwargs", {})
+        frame = frame.f_back
+    return None
+
+
+def _wraps(callback: Any, backend: Any) -> bool:
+    """Whether Dynamo's frame callback ends in ``backend`` (through ``convert_frame``'s
+    and ``torch.compile``'s wrappers)."""
+    for _ in range(16):
+        if callback is None:
+            return False
+        if callback is backend:
+            return True
+        inner = getattr(callback, "_torchdynamo_orig_backend", None)
+        callback = inner if inner is not None else getattr(callback, "compiler_fn", None)
+    return False
