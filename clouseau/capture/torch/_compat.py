@@ -5,6 +5,8 @@ When a PyTorch release moves one of these, this is the only file to change.
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 import torch
@@ -331,3 +333,79 @@ def _wraps(callback: Any, backend: Any) -> bool:
         inner = getattr(callback, "_torchdynamo_orig_backend", None)
         callback = inner if inner is not None else getattr(callback, "compiler_fn", None)
     return False
+
+
+def compile_isolated(model: torch.nn.Module, backend: Any) -> Any:
+    """``torch.compile(model, backend=backend)`` with its own cache of compiled frames
+    where this PyTorch has one (``isolate_recompiles``): the frames it shares with other
+    compiled models (``nn.Module``'s call wrapper, a layer class's ``forward``) count
+    towards Dynamo's recompile limit for this model alone."""
+    if _ISOLATES[0] is None:
+        import inspect
+
+        _ISOLATES[0] = "isolate_recompiles" in inspect.signature(torch.compile).parameters
+    if _ISOLATES[0]:
+        return torch.compile(model, backend=backend, isolate_recompiles=True)
+    return torch.compile(model, backend=backend)
+
+
+_ISOLATES: list[bool | None] = [None]
+
+
+def recompile_limit() -> int:
+    """TorchDynamo's limit of compiled versions per code object."""
+    import torch._dynamo.config as config
+
+    return int(config.recompile_limit)
+
+
+class _LimitHits(logging.Handler):
+    """Counts, per thread, TorchDynamo's reports that a frame reached its recompile limit
+    (after which Dynamo runs that code without compiling it, saying so only in its log),
+    and tells the listeners."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.local = threading.local()
+        self.listeners: list[Any] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # Every record: the filters clouseau puts on torch's handlers to keep the dynamic
+        # tier quiet (_quiet.py) are not for this one, which only counts.
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not str(record.msg).startswith("torch._dynamo hit config."):
+            return
+        self.local.hits = getattr(self.local, "hits", 0) + 1
+        for listener in list(self.listeners):
+            listener()
+
+
+_LIMIT_HITS = _LimitHits()
+_LIMIT_LOGGER = "torch._dynamo.convert_frame"  # where Dynamo logs a recompile limit hit
+
+
+def recompile_limit_hits() -> int:
+    """How many times TorchDynamo reached its recompile limit in this thread so far."""
+    _watch_limit()
+    return getattr(_LIMIT_HITS.local, "hits", 0)
+
+
+def on_recompile_limit(callback: Any) -> Any:
+    """Run ``callback()`` (in the thread running the frame) whenever TorchDynamo reaches its
+    recompile limit; returns the handle :func:`remove_recompile_limit` takes."""
+    _watch_limit()
+    _LIMIT_HITS.listeners.append(callback)
+    return callback
+
+
+def remove_recompile_limit(handle: Any) -> None:
+    if handle in _LIMIT_HITS.listeners:
+        _LIMIT_HITS.listeners.remove(handle)
+
+
+def _watch_limit() -> None:
+    logger = logging.getLogger(_LIMIT_LOGGER)
+    if _LIMIT_HITS not in logger.handlers:
+        logger.addHandler(_LIMIT_HITS)

@@ -14,7 +14,8 @@ submodule compiles that submodule's frame on its own). The backend finds the mod
 Dynamo starts compiling its first frame, before it traces it, so the hooks are there from
 the first call on. Each call of the compiled model is one call of the capture, the runs of
 all its graphs (graph breaks and all) included: the root's hooks delimit the calls; the
-first call, found while it ran, ends when the next one begins or the capture is read.
+first call, found while it ran, ends when the model is called next (compiled or not) or
+the capture is read (a submodule called on its own before that saves into it).
 A compiled function (no module) saves what its regions compute, one call per call.
 """
 
@@ -34,11 +35,15 @@ from clouseau.capture.torch._compat import (
     compiled_call,
     lookup_backend,
     on_compile_start,
+    on_recompile_limit,
+    recompile_limit,
     remove_compile_start,
+    remove_recompile_limit,
 )
 from clouseau.capture.torch.dynamic.dynamo import InputPoints
 from clouseau.capture.torch.dynamic.regions import Compiler, RegionCompiler
 from clouseau.capture.torch.runtime.hooks import ModuleHooks, hooked_paths
+from clouseau.capture.torch.runtime.tiers import warn_recompile_limit
 from clouseau.ir.actions import Action
 from clouseau.ir.graph import TraceKind
 from clouseau.ir.selection import SelectLike
@@ -71,6 +76,8 @@ class Backend(CaptureSession):
         self._lock = threading.Lock()
         self._local = threading.local()  # .root: the compiled module this thread runs
         self._started = on_compile_start(self._compile_starts)
+        self._limited = on_recompile_limit(self._limit_reached)
+        self._warned_limit = False  # whether a recompile limit hit was reported
 
     @property
     def traces(self) -> int:
@@ -88,6 +95,7 @@ class Backend(CaptureSession):
 
     def close(self) -> None:
         remove_compile_start(self._started)
+        remove_recompile_limit(self._limited)
         self._end_open()
         for root in self._roots.values():
             root.remove()
@@ -105,15 +113,32 @@ class Backend(CaptureSession):
     def _compile_starts(self) -> None:
         """Dynamo starts compiling a frame: on a compiled module's first, hook the module
         before Dynamo traces it, and open its first call."""
+        self._find_root()
+
+    def _limit_reached(self) -> None:
+        """Dynamo reached its recompile limit on a frame (code other compiled models share,
+        or compiled too often) and runs it uncompiled, saying so only in its log: a module
+        whose first frame it is gets its hooks all the same (its module outputs saved,
+        not its ops), and the user a warning."""
+        found = self._find_root()
+        if found is not None and not self._warned_limit:
+            self._warned_limit = True
+            warn_recompile_limit(found, "clouseau.backend", recompile_limit())
+
+    def _find_root(self) -> torch.nn.Module | None:
+        """The compiled module this thread is calling through this backend, hooked (and
+        its first call opened) when first met; None for a compiled function or a frame
+        compiled for another backend."""
         found = compiled_call(self)
         module = getattr(found[0], "__self__", None) if found is not None else None
         if not isinstance(module, torch.nn.Module) or found is None:
-            return
+            return None
         with self._lock:
             if id(module) in self._roots:
-                return
+                return module
             root = self._roots[id(module)] = _Root(self, module)
         root.begin(found[1], found[2], found_running=True)
+        return module
 
     def __repr__(self) -> str:
         return f"clouseau.backend(compiler={self._compiler!r})"
@@ -157,6 +182,8 @@ class _Root:
         # caller of the module's __call__ (a few frames up).
         if compiled_call(self._backend, depth=_CALLERS) is not None:
             self.begin(args, kwargs)
+        elif self._running:
+            self.end()  # the first call is over: the model runs eagerly now
 
     @torch.compiler.disable
     def _hook(self, module: torch.nn.Module, args: Any, out: Any) -> None:
