@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from clouseau.capture.torch._compat import dynamo_frame_module, example_value
 from clouseau.capture.torch.lowering.lower import SaveTarget, lower_traced
-from clouseau.capture.torch.naming.points import LocalNamer
+from clouseau.capture.torch.naming.points import PointNamer
 from clouseau.capture.torch.naming.stack import stack_infos
 from clouseau.capture.torch.runtime.host import to_numpy
 from clouseau.capture.torch.tracing.ir_build import TracedModel, build_graph
@@ -96,7 +96,8 @@ class RegionCompiler:
         self._root = root
         self._paths = {id(m): p for p, m in root.named_modules()} if root is not None else {}
         self._names: dict[tuple[Any, ...], str] = {}
-        self._namer = LocalNamer()
+        self._model = root if root is not None else torch.nn.Module()
+        self._namer = PointNamer(self._model)  # the names across regions
         self._lock = threading.Lock()
         self._local = threading.local()
         self._watched = False  # whether the root of the backend on its own is hooked
@@ -261,7 +262,7 @@ class RegionCompiler:
             else:
                 inputs[node.name] = prefix + (_dotted(source, in_root=False) or node.name)
         root_type = type(self._root).__name__ if self._root is not None else "compiled"
-        infos = stack_infos(gm.graph, root_type, weights, inputs)
+        infos = stack_infos(gm.graph, PointNamer(self._model), root_type, weights, inputs)
         return Traced(
             gm=gm,
             frontend=TraceKind.TORCH_DYNAMO,
@@ -281,18 +282,15 @@ class RegionCompiler:
             # across branches); an op by its region-local name and source line.
             module_call = bool(info.module_type) and info.op == info.module_type.lower()
             where = (info.source.file, info.source.line) if info.source and not module_call else ()
-            name = self._global_name((info.kind, info.name, *where))
-            aliases = tuple(self._global_name(("alias", a)) for a in info.aliases)
+            name = self._global_name((info.kind, info.name, *where), module_call)
+            aliases = tuple(self._global_name(("alias", a), True) for a in info.aliases)
             out[fx_name] = replace(info, name=name, aliases=aliases)
         return out
 
-    def _global_name(self, key: tuple[Any, ...]) -> str:
+    def _global_name(self, key: tuple[Any, ...], module: bool) -> str:
         found = self._names.get(key)
         if found is None:
-            local = str(key[1])
-            found = local if local not in self._namer.given else self._namer.name(local)
-            self._namer.reserve(found)
-            self._names[key] = found
+            found = self._names[key] = self._namer.region(str(key[1]), module=module)
         return found
 
 
