@@ -141,13 +141,13 @@ def dynamo_frame_module() -> Any:
             # the one whose ``__call__`` is the innermost running (it calls the resume).
             found = tx.f_locals.get("self")
             if not isinstance(found, torch.nn.Module):
-                found = _innermost_module_call()
+                found = running_module()
     except Exception:
         return None
     return found if isinstance(found, torch.nn.Module) else None
 
 
-def _innermost_module_call() -> Any:
+def running_module() -> Any:
     """The module of the innermost ``Module._call_impl`` running in this thread, or None."""
     import sys
 
