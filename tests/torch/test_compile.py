@@ -189,3 +189,16 @@ def test_the_backend_captures_the_compiled_calls_only() -> None:
             model(torch.randn(7, 6))  # eager: not a call of the capture
     assert backend.captured.calls == (0, 1)
     assert backend.captured.get("head", call=1).shape == (4, 2)
+
+
+def test_the_backend_on_a_sequential() -> None:
+    """``nn.Sequential``'s forward is torch.nn code: Dynamo wraps the module in a function
+    of its own and runs the root's hooks inside the compiled frame."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(144, 2)
+    ).eval()
+    backend = clouseau.backend(select="*", path=None, compiler="eager")
+    compiled = torch.compile(model, backend=backend)
+    for call, batch in enumerate((2, 3, 2)):
+        _check_backend_call(model, compiled, backend, torch.randn(batch, 3, 8, 8), call)

@@ -317,7 +317,8 @@ def compiled_call(
         if code.co_name == "compile_wrapper" and code.co_filename.endswith("eval_frame.py"):
             local = frame.f_locals
             if _wraps(local.get("callback"), backend):
-                return local.get("fn"), tuple(local.get("args", ())), local.get("kwargs", {})
+                # The call's own args tuple (one object per call: it tells calls apart).
+                return local.get("fn"), local.get("args", ()), local.get("kwargs", {})
         frame = frame.f_back
     return None
 

@@ -130,8 +130,8 @@ class Backend(CaptureSession):
         its first call opened) when first met; None for a compiled function or a frame
         compiled for another backend."""
         found = compiled_call(self)
-        module = getattr(found[0], "__self__", None) if found is not None else None
-        if not isinstance(module, torch.nn.Module) or found is None:
+        module = _module_of(found[0]) if found is not None else None
+        if module is None or found is None:
             return None
         with self._lock:
             if id(module) in self._roots:
@@ -166,6 +166,9 @@ class _Root:
         self.inputs = InputPoints(model, select, sink)
         self._open: tuple[ExitStack, int, Any] | None = None
         self._running = False  # whether the open call is the first, whose end no hook sees
+        # The first call's arguments (the tuple Dynamo's wrapper holds): a compiled frame
+        # that runs the root's hooks itself (``nn.Sequential``) calls them within it.
+        self._first: Any = None
         self._handles = (
             model.register_forward_pre_hook(self._pre_hook, with_kwargs=True),
             model.register_forward_hook(self._hook, always_call=True),
@@ -180,8 +183,10 @@ class _Root:
     def _pre_hook(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         # The compiled model's calls only, not the eager model's: Dynamo's wrapper is the
         # caller of the module's __call__ (a few frames up).
-        if compiled_call(self._backend, depth=_CALLERS) is not None:
-            self.begin(args, kwargs)
+        found = compiled_call(self._backend, depth=_CALLERS)
+        if found is not None:
+            if found[1] is not self._first:  # not the first call's own root call
+                self.begin(args, kwargs)
         elif self._running:
             self.end()  # the first call is over: the model runs eagerly now
 
@@ -198,6 +203,7 @@ class _Root:
             return  # the model called inside its own call: the same call
         self.end()
         self._running = found_running
+        self._first = args if found_running else None
         stack = ExitStack()
         call = stack.enter_context(SinkCall(self._sink))
         stack.enter_context(self.hooks.within(call))
@@ -211,6 +217,7 @@ class _Root:
         opened, self._open = self._open, None
         if opened is None:
             return
+        self._running, self._first = False, None
         self._backend._local.root = None
         stack, call, inputs = opened
         if error is not None:
@@ -220,6 +227,18 @@ class _Root:
             self.inputs.put(call, inputs)
         finally:
             stack.close()
+
+
+def _module_of(fn: Any) -> torch.nn.Module | None:
+    """The module ``torch.compile`` was given, from the callable Dynamo's wrapper calls:
+    its ``__call__`` (a bound method), or a function wrapping it (``nn.Sequential``'s
+    forward is a torch.nn function Dynamo wraps)."""
+    for _ in range(4):
+        if isinstance(fn, torch.nn.Module):
+            return fn
+        bound = getattr(fn, "__self__", None)
+        fn = bound if isinstance(bound, torch.nn.Module) else getattr(fn, "__wrapped__", None)
+    return None
 
 
 _CALLERS = 8  # frames from a root's pre-hook up to Dynamo's wrapper of its __call__
