@@ -47,6 +47,18 @@ class InferenceBlock(GradBlocks):
     inner = staticmethod(torch.inference_mode)
 
 
+class InferenceOps(GradBlocks):
+    """An ``inference_mode`` block of plain ops, no submodule called inside it."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if x.shape[0] > 1:  # torch.export's tier
+            x = x + 1
+        y = self.a(x)
+        with torch.inference_mode():
+            z = y * 2 + 1
+        return y, self.b(x), z
+
+
 def _flags(out: tuple[torch.Tensor, ...]) -> list[tuple[bool, bool]]:
     return [(t.requires_grad, t.is_inference()) for t in out]
 
@@ -81,19 +93,22 @@ def test_grad_blocks_on_the_export_path(outer: str) -> None:
             assert _flags(fmodel(again)) == _flags(model(again))
 
 
+@pytest.mark.parametrize("block", [InferenceBlock, InferenceOps], ids=["module", "ops"])
 @pytest.mark.parametrize("outer", ["grad", "no_grad"])
-def test_an_inference_mode_block_takes_the_dynamic_tier(outer: str) -> None:
+def test_an_inference_mode_block_takes_the_dynamic_tier(outer: str, block: type) -> None:
     # torch.export would trace the block's ops as plain ones (their outputs requiring
-    # grads): the block is an export failure, and the dynamic tier runs forward itself.
-    model = InferenceBlock()
+    # grads): the block is an export failure, and the dynamic tier runs forward itself;
+    # a block of ops alone too (export's values in it are inference tensors).
+    model = block()
     fmodel = clouseau.instrument(model, select="*", path=None)
     with pytest.warns(UserWarning, match="inference_mode"):
         _check(model, fmodel, outer)
 
 
-def test_a_call_in_inference_mode_with_an_inference_block_inside() -> None:
+@pytest.mark.parametrize("block", [InferenceBlock, InferenceOps], ids=["module", "ops"])
+def test_a_call_in_inference_mode_with_an_inference_block_inside(block: type) -> None:
     # Inside an outer inference_mode the block changes nothing: the traced path serves.
-    model = InferenceBlock()
+    model = block()
     fmodel = clouseau.instrument(model, select="*", path=None)
     _check(model, fmodel, "inference_mode")
     assert fmodel._tier is None

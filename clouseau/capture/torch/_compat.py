@@ -5,6 +5,8 @@ When a PyTorch release moves one of these, this is the only file to change.
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 import torch
@@ -133,9 +135,32 @@ def dynamo_frame_module() -> Any:
         tx = InstructionTranslator.current_tx()
         first = tx.f_code.co_varnames[0] if tx.f_code.co_argcount else None
         found = tx.f_locals.get(first) if first else None
+        if not isinstance(found, torch.nn.Module):
+            # A resume function (the code after a graph break) takes the live stack
+            # values first, and ``self`` only while still used: the module it runs in is
+            # the one whose ``__call__`` is the innermost running (it calls the resume).
+            found = tx.f_locals.get("self")
+            if not isinstance(found, torch.nn.Module):
+                found = running_module()
     except Exception:
         return None
     return found if isinstance(found, torch.nn.Module) else None
+
+
+def running_module() -> Any:
+    """The module of the innermost ``Module._call_impl`` running in this thread, or None."""
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_call_impl" and code.co_filename == _MODULE_FILE:
+            return frame.f_locals.get("self")
+        frame = frame.f_back
+    return None
+
+
+_MODULE_FILE = torch.nn.Module._call_impl.__code__.co_filename
 
 
 def register_cache_pytrees(model: torch.nn.Module) -> None:
@@ -254,3 +279,134 @@ def pytree_children(value: Any) -> list[Any] | None:
         return None
     children, _ = node.flatten_fn(value)
     return list(children)
+
+
+def on_compile_start(callback: Any) -> Any:
+    """Run ``callback()`` whenever TorchDynamo starts compiling a frame (before it traces
+    it); returns the handle :func:`remove_compile_start` takes."""
+    from torch._dynamo.callback import callback_handler
+
+    def started(_: Any) -> None:
+        callback()
+
+    callback_handler.register_start_callback(started)
+    return started
+
+
+def remove_compile_start(handle: Any) -> None:
+    from torch._dynamo.callback import callback_handler
+
+    if handle in callback_handler.start_callbacks:
+        callback_handler.remove_start_callback(handle)
+
+
+def compiled_call(
+    backend: Any, depth: int = 1 << 30
+) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | None:
+    """The callable ``torch.compile(..., backend=backend)`` wrapped that this thread is
+    calling now, with its arguments: ``(fn, args, kwargs)`` of the innermost such call, or
+    None. Read from the frame of Dynamo's wrapper (``compile_wrapper`` in
+    ``torch/_dynamo/eval_frame.py``), whose ``callback`` wraps the backend, among the
+    ``depth`` frames above the caller."""
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None and depth > 0:
+        depth -= 1
+        code = frame.f_code
+        if code.co_name == "compile_wrapper" and code.co_filename.endswith("eval_frame.py"):
+            local = frame.f_locals
+            if _wraps(local.get("callback"), backend):
+                # The call's own args tuple (one object per call: it tells calls apart).
+                return local.get("fn"), local.get("args", ()), local.get("kwargs", {})
+        frame = frame.f_back
+    return None
+
+
+def _wraps(callback: Any, backend: Any) -> bool:
+    """Whether Dynamo's frame callback ends in ``backend`` (through ``convert_frame``'s
+    and ``torch.compile``'s wrappers)."""
+    for _ in range(16):
+        if callback is None:
+            return False
+        if callback is backend:
+            return True
+        inner = getattr(callback, "_torchdynamo_orig_backend", None)
+        callback = inner if inner is not None else getattr(callback, "compiler_fn", None)
+    return False
+
+
+def compile_isolated(model: torch.nn.Module, backend: Any) -> Any:
+    """``torch.compile(model, backend=backend)`` with its own cache of compiled frames
+    where this PyTorch has one (``isolate_recompiles``): the frames it shares with other
+    compiled models (``nn.Module``'s call wrapper, a layer class's ``forward``) count
+    towards Dynamo's recompile limit for this model alone."""
+    if _ISOLATES[0] is None:
+        import inspect
+
+        _ISOLATES[0] = "isolate_recompiles" in inspect.signature(torch.compile).parameters
+    if _ISOLATES[0]:
+        return torch.compile(model, backend=backend, isolate_recompiles=True)
+    return torch.compile(model, backend=backend)
+
+
+_ISOLATES: list[bool | None] = [None]
+
+
+def recompile_limit() -> int:
+    """TorchDynamo's limit of compiled versions per code object."""
+    import torch._dynamo.config as config
+
+    return int(config.recompile_limit)
+
+
+class _LimitHits(logging.Handler):
+    """Counts, per thread, TorchDynamo's reports that a frame reached its recompile limit
+    (after which Dynamo runs that code without compiling it, saying so only in its log),
+    and tells the listeners."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.local = threading.local()
+        self.listeners: list[Any] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # Every record: the filters clouseau puts on torch's handlers to keep the dynamic
+        # tier quiet (_quiet.py) are not for this one, which only counts.
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not str(record.msg).startswith("torch._dynamo hit config."):
+            return
+        self.local.hits = getattr(self.local, "hits", 0) + 1
+        for listener in list(self.listeners):
+            listener()
+
+
+_LIMIT_HITS = _LimitHits()
+_LIMIT_LOGGER = "torch._dynamo.convert_frame"  # where Dynamo logs a recompile limit hit
+
+
+def recompile_limit_hits() -> int:
+    """How many times TorchDynamo reached its recompile limit in this thread so far."""
+    _watch_limit()
+    return getattr(_LIMIT_HITS.local, "hits", 0)
+
+
+def on_recompile_limit(callback: Any) -> Any:
+    """Run ``callback()`` (in the thread running the frame) whenever TorchDynamo reaches its
+    recompile limit; returns the handle :func:`remove_recompile_limit` takes."""
+    _watch_limit()
+    _LIMIT_HITS.listeners.append(callback)
+    return callback
+
+
+def remove_recompile_limit(handle: Any) -> None:
+    if handle in _LIMIT_HITS.listeners:
+        _LIMIT_HITS.listeners.remove(handle)
+
+
+def _watch_limit() -> None:
+    logger = logging.getLogger(_LIMIT_LOGGER)
+    if _LIMIT_HITS not in logger.handlers:
+        logger.addHandler(_LIMIT_HITS)

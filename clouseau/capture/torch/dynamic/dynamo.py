@@ -20,13 +20,18 @@ from typing import Any
 import torch
 
 from clouseau.capture._common import SinkCall, first_line
-from clouseau.capture.torch._compat import dynamo_exception
+from clouseau.capture.torch._compat import (
+    compile_isolated,
+    dynamo_exception,
+    recompile_limit,
+    recompile_limit_hits,
+)
 from clouseau.capture.torch._quiet import quiet_dynamo
 from clouseau.capture.torch.dynamic.regions import RegionCompiler
 from clouseau.capture.torch.naming.points import element_paths
 from clouseau.capture.torch.runtime.hooks import ModuleHooks, hooked_paths
 from clouseau.capture.torch.runtime.host import to_numpy
-from clouseau.capture.torch.runtime.tiers import Tier
+from clouseau.capture.torch.runtime.tiers import Tier, warn_recompile_limit
 from clouseau.capture.torch.tracing.specs import spec_of
 from clouseau.capture.torch.tracing.traced import bind, forward_signature
 from clouseau.ir.actions import Action
@@ -59,7 +64,9 @@ class DynamicTier:
         self.compiler = RegionCompiler(
             select, sink, intervene=intervene, root=model, module_outputs=False
         )
-        self.compiled = torch.compile(model, backend=self.compiler)
+        # Its own cache of compiled frames: other compiled models' frames of shared code
+        # (nn.Module's call wrapper, a layer class's forward) do not use up its recompiles.
+        self.compiled = compile_isolated(model, self.compiler)
         self.hooks = ModuleHooks(
             model, select, sink, hooked_paths(model, select), trace_kind=TraceKind.TORCH_DYNAMO
         )
@@ -68,6 +75,7 @@ class DynamicTier:
         self._sink = sink
         # Set when Dynamo itself failed: why, for the warning of the hook tier.
         self.failure: str | None = None
+        self._warned_limit = False  # whether a recompile limit hit was reported
 
     @property
     def traces(self) -> int:
@@ -81,6 +89,7 @@ class DynamicTier:
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Dynamo may fail after the model drew random numbers: the eager rerun draws alike.
         rng = torch.get_rng_state()
+        hits = recompile_limit_hits()
         with SinkCall(self._sink) as call, self.hooks.within(call):
             inputs = self.inputs.copy(args, kwargs)  # before the model changes them in place
             try:
@@ -96,6 +105,11 @@ class DynamicTier:
                 out = self._model(*args, **kwargs)
                 self.failure = f"TorchDynamo: {first_line(error)}"
             self.inputs.put(call, inputs)  # a call the model failed saves nothing
+        if recompile_limit_hits() != hits and not self._warned_limit:
+            # Dynamo ran a frame uncompiled, saying so only in its log (which the tier
+            # keeps quiet): the hooks saved its module outputs, no region its ops.
+            self._warned_limit = True
+            warn_recompile_limit(self._model, self.name, recompile_limit())
         return out
 
 

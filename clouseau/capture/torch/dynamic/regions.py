@@ -27,9 +27,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from clouseau.capture.torch._compat import dynamo_frame_module, example_value
+from clouseau.capture.torch._compat import dynamo_frame_module, example_value, running_module
 from clouseau.capture.torch.lowering.lower import SaveTarget, lower_traced
-from clouseau.capture.torch.naming.points import LocalNamer
+from clouseau.capture.torch.naming.points import PointNamer
 from clouseau.capture.torch.naming.stack import stack_infos
 from clouseau.capture.torch.runtime.host import to_numpy
 from clouseau.capture.torch.tracing.ir_build import TracedModel, build_graph
@@ -96,7 +96,8 @@ class RegionCompiler:
         self._root = root
         self._paths = {id(m): p for p, m in root.named_modules()} if root is not None else {}
         self._names: dict[tuple[Any, ...], str] = {}
-        self._namer = LocalNamer()
+        self._model = root if root is not None else torch.nn.Module()
+        self._namer = PointNamer(self._model)  # the names across regions
         self._lock = threading.Lock()
         self._local = threading.local()
         self._watched = False  # whether the root of the backend on its own is hooked
@@ -121,8 +122,35 @@ class RegionCompiler:
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         with self._lock:
-            frame = self._frame()
+            frame, where = self._frame()
             self._watch_root()
+        region = self._region(gm, example_inputs, where)
+        if frame is None or self._select is None:
+            return region.run if not region.saves else lambda *args: self._run(region, args)
+        # A nested module's frame: Dynamo runs this code for every instance of the class
+        # its guards let through (each layer of a stack), while the names are those of
+        # the instance it was compiled for; the instance running takes its own names.
+        regions = {id(frame): region}
+
+        def run(*args: Any) -> Any:
+            module = running_module()
+            found = regions.get(id(module))
+            if found is None:
+                path = self._paths.get(id(module))
+                if path is None:  # not a module of the model: as compiled
+                    found = region
+                else:
+                    where = (path, type(module).__qualname__)
+                    found = regions[id(module)] = self._region(gm, args, where)
+            return self._run(found, args) if found.saves else found.run(*args)
+
+        return run
+
+    def _region(
+        self, gm: fx.GraphModule, example_inputs: Sequence[Any], frame: tuple[str, str]
+    ) -> _Region:
+        """``gm`` instrumented as the region of ``frame`` (its module's path and class)."""
+        with self._lock:
             traced = self._traced(gm, frame)
             inputs = tuple(map(example_value, example_inputs))
             root = self._root if self._root is not None else torch.nn.Module()
@@ -142,15 +170,11 @@ class RegionCompiler:
             self.traces += 1
         module = lowered.module
         if self._compiler is None:
-            region = _Region(module.forward, graph_id, lowered.targets, bool(lowered.saves))
-        else:
-            # A backend takes a graph with one flat tuple of outputs: saves after outputs.
-            flat, count = _flattened(module) if lowered.saves else (module, -1)
-            run = self._compiler(flat, list(example_inputs))
-            region = _Region(run, graph_id, lowered.targets, bool(lowered.saves), count)
-        if not region.saves:
-            return region.run
-        return lambda *args: self._run(region, args)
+            return _Region(module.forward, graph_id, lowered.targets, bool(lowered.saves))
+        # A backend takes a graph with one flat tuple of outputs: saves after outputs.
+        flat, count = _flattened(module) if lowered.saves else (module, -1)
+        run = self._compiler(flat, list(example_inputs))
+        return _Region(run, graph_id, lowered.targets, bool(lowered.saves), count)
 
     def _run(self, region: _Region, args: tuple[Any, ...]) -> Any:
         raw = region.run(*args)
@@ -221,14 +245,17 @@ class RegionCompiler:
             root.register_forward_pre_hook(self._root_begins)
             root.register_forward_hook(self._root_ends)
 
-    def _frame(self) -> tuple[str, str]:
-        """The path and class of the module whose frame Dynamo compiles, ``("", "")`` for
-        the root (a nested module's forward is compiled on its own when its caller's
-        frame was skipped, a graph break inside a loop: the hooks see its modules)."""
+    def _frame(self) -> tuple[torch.nn.Module | None, tuple[str, str]]:
+        """The module whose frame Dynamo compiles, with its path and class; ``None, ("",
+        "")`` for the root (a nested module's forward is compiled on its own when its
+        caller's frame was skipped, a graph break inside a loop: the hooks see its modules)."""
         frame = dynamo_frame_module()
         if frame is None or self._root is None or frame is self._root:
-            return "", ""
-        return self._paths.get(id(frame), ""), type(frame).__qualname__
+            return None, ("", "")
+        path = self._paths.get(id(frame))
+        if path is None:
+            return None, ("", "")
+        return frame, (path, type(frame).__qualname__)
 
     def _traced(self, gm: fx.GraphModule, where: tuple[str, str]) -> Traced:
         weights: dict[str, tuple[str, str]] = {}
@@ -236,10 +263,12 @@ class RegionCompiler:
         frame, frame_type = where
         prefix = f"{frame}." if frame else ""
         for node in gm.graph.nodes:
+            # Dynamo's own stack, kept: a region is named again for another instance.
+            own = node.meta.setdefault(_OWN_STACK, node.meta.get("nn_module_stack") or {})
             stack = {
                 # Dynamo's keys tell calls apart (``<id>@1`` is the second call).
                 prefix + key: (prefix + _dotted(path), cls)
-                for key, (path, cls) in (node.meta.get("nn_module_stack") or {}).items()
+                for key, (path, cls) in own.items()
             }
             if node.op == "placeholder":
                 stack = {}  # Dynamo gives an input the stack of its first user: not its own
@@ -261,7 +290,7 @@ class RegionCompiler:
             else:
                 inputs[node.name] = prefix + (_dotted(source, in_root=False) or node.name)
         root_type = type(self._root).__name__ if self._root is not None else "compiled"
-        infos = stack_infos(gm.graph, root_type, weights, inputs)
+        infos = stack_infos(gm.graph, PointNamer(self._model), root_type, weights, inputs)
         return Traced(
             gm=gm,
             frontend=TraceKind.TORCH_DYNAMO,
@@ -281,18 +310,15 @@ class RegionCompiler:
             # across branches); an op by its region-local name and source line.
             module_call = bool(info.module_type) and info.op == info.module_type.lower()
             where = (info.source.file, info.source.line) if info.source and not module_call else ()
-            name = self._global_name((info.kind, info.name, *where))
-            aliases = tuple(self._global_name(("alias", a)) for a in info.aliases)
+            name = self._global_name((info.kind, info.name, *where), module_call)
+            aliases = tuple(self._global_name(("alias", a), True) for a in info.aliases)
             out[fx_name] = replace(info, name=name, aliases=aliases)
         return out
 
-    def _global_name(self, key: tuple[Any, ...]) -> str:
+    def _global_name(self, key: tuple[Any, ...], module: bool) -> str:
         found = self._names.get(key)
         if found is None:
-            local = str(key[1])
-            found = local if local not in self._namer.given else self._namer.name(local)
-            self._namer.reserve(found)
-            self._names[key] = found
+            found = self._names[key] = self._namer.region(str(key[1]), module=module)
         return found
 
 
@@ -315,6 +341,7 @@ def _resumed(gm: fx.GraphModule) -> bool:
 
 
 _RESUME = "torch_dynamo_resume_in_"
+_OWN_STACK = "clouseau_dynamo_module_stack"
 
 
 def _not_an_input(point: Point) -> bool:

@@ -90,6 +90,13 @@ class _Counters:
             return self._next(base)
         return self._give(base)
 
+    def kept(self, name: str) -> str:
+        """``name`` itself where it is free (a name one region gave, across regions),
+        else the next counter of its base, as :meth:`op`."""
+        if name in self.given or name in self.reserved:
+            return self.op(name)
+        return self._give(name)
+
     def _next(self, base: str) -> str:
         k = self.last.get(base, 0) + 1
         while f"{base}_{k}" in self.given or f"{base}_{k}" in self.reserved:
@@ -140,6 +147,13 @@ class PointNamer:
         qualname = qualify(self.path(raw_path), clean_segment(local))
         name = self._names.op(qualname)
         return name, self._other(self._torchvision.name(qualname), name)
+
+    def region(self, name: str, *, module: bool = False) -> str:
+        """A name given in one region of a model (a TorchDynamo region, named on its own),
+        made unique across its regions: kept where free, else the next ``_<k>`` of its
+        base; ``module``: a module path (a module call or its alias), whose later calls
+        are ``<path>_<k>``."""
+        return self._names.module(name) if module else self._names.kept(name)
 
     def module_output(self, raw_path: str) -> str:
         """The name of a module call's output (the k-th call: ``<path>_<k>``); all module

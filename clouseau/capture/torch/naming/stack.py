@@ -1,15 +1,17 @@
 """Names of a Dynamo region's nodes from ``nn_module_stack`` (the static tiers' form).
 
-An op is ``<innermost module path>.<op>`` with a counter local to the region; the op that
-returns a built-in torch.nn module's value is named by the module path, and every other
-module whose single escaping value a node is gets its path as an alias.
+An op is ``<innermost module path>.<op>`` with the traced path's counter
+(:class:`~clouseau.capture.torch.naming.points.PointNamer`, a fresh one per region: no op
+takes a module path); the op that returns a built-in torch.nn module's value is named by
+the module path, and every other module whose single escaping value a node is gets its
+path as an alias.
 """
 
 from __future__ import annotations
 
 import torch.fx as fx
 
-from clouseau.capture.torch.naming.points import LocalNamer, function_op, qualify, target_name
+from clouseau.capture.torch.naming.points import PointNamer, function_op, target_name
 from clouseau.capture.torch.tracing.export import inside_leaf, module_stack
 from clouseau.capture.torch.tracing.sources import source_from_stack_trace
 from clouseau.capture.torch.tracing.traced import NodeInfo, is_leaf_type_name
@@ -18,6 +20,7 @@ from clouseau.ir.graph import NodeKind
 
 def stack_infos(
     graph: fx.Graph,
+    namer: PointNamer,
     root_type: str,
     weight_kind: dict[str, tuple[str, str]],
     input_names: dict[str, str] | None = None,
@@ -34,7 +37,6 @@ def stack_infos(
         for key, _, _, _ in stack:
             members.setdefault(key, set()).add(node)
     owned = _module_outputs(members)
-    namer = LocalNamer()
     infos: dict[str, NodeInfo] = {}
     for node in graph.nodes:
         stack = stacks[node]
@@ -42,8 +44,7 @@ def stack_infos(
             infos[node.name] = NodeInfo("output", NodeKind.OUTPUT, "output")
             continue
         if node.op == "placeholder" and node.name not in weight_kind:
-            name = (input_names or {}).get(node.name, node.name)
-            namer.reserve(name)
+            name = namer.state((input_names or {}).get(node.name, node.name))
             infos[node.name] = NodeInfo(name, NodeKind.INPUT, "input", target=str(node.target))
             continue
         if node.op in ("get_attr", "placeholder"):
@@ -52,18 +53,17 @@ def stack_infos(
             # the fx graph either; keep those read by the user's own code.
             if all(inside_leaf(stacks[u]) for u in node.users):
                 continue
-            namer.reserve(target)
-            infos[node.name] = NodeInfo(target, NodeKind.CONSTANT, op, target=target)
+            infos[node.name] = NodeInfo(namer.state(target), NodeKind.CONSTANT, op, target=target)
             continue
         path, module_type = (stack[-1][1], stack[-1][2]) if stack else ("", root_type)
         outputs_of = [entry for entry in reversed(stack) if node in owned.get(entry[0], ())]
         op = _op(node)
         if outputs_of and outputs_of[0][0] == stack[-1][0] and is_leaf_type_name(stack[-1][3]):
-            name = namer.name(path)
+            name = namer.module_output(path)
             op = module_type.lower()
             outputs_of = outputs_of[1:]
         else:
-            name = namer.name(qualify(path, op))
+            name = namer.op(path, op)[0]
         aliases = tuple(_alias(key, p) for key, p, _, _ in outputs_of)
         infos[node.name] = NodeInfo(
             name=name, kind=NodeKind.OP, op=op, module=path, module_type=module_type,

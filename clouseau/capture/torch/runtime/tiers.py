@@ -165,3 +165,18 @@ def warn_empty(model: Any, select: Any, tier: Tier) -> None:
         UserWarning,
         stacklevel=_user_level(),
     )
+
+
+def warn_recompile_limit(model: Any, tier: str, limit: int) -> None:
+    """Say that TorchDynamo reached its recompile limit in a call of ``model`` and ran a
+    frame without compiling it (once per instrumented model: the caller keeps the flag)."""
+    warnings.warn(
+        f"clouseau: TorchDynamo reached its recompile limit "
+        f"(torch._dynamo.config.recompile_limit = {limit}) in a call of "
+        f"{type(model).__name__} in the {tier} tier, and runs that code without compiling "
+        "it from now on: its module outputs are saved (forward hooks), the ops in it are "
+        "not. Raise torch._dynamo.config.recompile_limit, or empty Dynamo's caches with "
+        "torch.compiler.reset() (a process that compiled many models); see docs/dynamic.md.",
+        UserWarning,
+        stacklevel=_user_level(),
+    )

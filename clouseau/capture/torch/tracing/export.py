@@ -31,7 +31,13 @@ from clouseau.capture.torch.naming.points import PointNamer, element_names, func
 from clouseau.capture.torch.runtime.signature import grad_mode
 from clouseau.capture.torch.runtime.tiers import Tier
 from clouseau.capture.torch.tracing.caches import CacheAdopter
-from clouseau.capture.torch.tracing.export_marks import Mark, Marks, marking, take_marks
+from clouseau.capture.torch.tracing.export_marks import (
+    InferenceModeError,
+    Mark,
+    Marks,
+    marking,
+    take_marks,
+)
 from clouseau.capture.torch.tracing.sources import source_from_stack_trace
 from clouseau.capture.torch.tracing.traced import (
     NodeInfo,
@@ -63,6 +69,7 @@ def trace_export(
     register_cache_pytrees(model)
     ep, marks = _export(model, args, kwargs, tier is Tier.EXPORT_DYNAMIC)
     graph = ep.graph_module.graph
+    _check_inference(graph)
     marked = take_marks(ep.graph_module, marks)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     attrs: dict[str, Any] = {}
@@ -147,6 +154,22 @@ def trace_export(
         meta=(namer.meta,),
         accepts=accepts,
     )
+
+
+def _check_inference(graph: fx.Graph) -> None:
+    """Refuse a graph whose ops ran in a ``torch.inference_mode()`` block of forward that
+    calls no submodule (one that does fails in :mod:`tracing.export_marks`): export keeps
+    no trace of the block but its values' inference-ness, and the graph's values would
+    be plain tensors (requiring grads); a tier that runs forward itself reproduces it."""
+    if torch.is_inference_mode_enabled():
+        return  # the whole call is in inference mode: the block changes nothing
+    for node in graph.nodes:
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.is_inference():
+            raise InferenceModeError(
+                f"{node.name} is computed in a `torch.inference_mode()` block of forward, "
+                "which torch.export does not record"
+            )
 
 
 def _export(
