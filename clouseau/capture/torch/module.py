@@ -27,9 +27,9 @@ from clouseau.capture.torch.runtime.reuse import keep, lookup, reuse_key
 from clouseau.capture.torch.runtime.signature import (
     MAX_SIGNATURES,
     exact_key,
-    grad_mode,
     structure_key,
 )
+from clouseau.capture.torch.tracing.export import grad_mode
 from clouseau.capture.torch.tracing.export_hooks import run_hooks
 from clouseau.capture.torch.tracing.ir_build import UntraceableError
 from clouseau.capture.torch.tracing.probe import FirstRun
@@ -318,7 +318,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
                 intervene=self._intervene,
                 grads=self._grads,
                 live=live,
-                export=tiers.export_tier(structure_seen=bool(entries)),
+                dynamic_export=tiers.export_tier(bool(entries)) is tiers.Tier.EXPORT_DYNAMIC,
             )
         except UntraceableError as error:
             if tiers.after_untraceable(bool(self._grads)) is None:
