@@ -90,6 +90,17 @@ LAYERS = (
 KNOWN_OFFENCES: frozenset[tuple[str, str]] = frozenset()
 
 
+# The torch frontend's groups, bottom up (docs/architecture.md, capture/torch/README.md):
+# a module of a group may import its own group and those before it, never one after. The
+# shared helpers at the top of the package import no group; the entry points (the
+# package's __init__ and module.py, the instrumented model that picks a tier per call)
+# may import every group.
+TORCH = "clouseau.capture.torch"
+TORCH_SHARED = ("_compat", "_quiet", "_sync", "flop_ops")
+TORCH_GROUPS = ("naming", "tracing", "lowering", "runtime", "dynamic")
+TORCH_ENTRY = ("", "module")
+
+
 def _module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -261,6 +272,59 @@ def test_no_module_level_import_cycle() -> None:
         if module not in state:
             visit(module)
     assert not cycles, "\n".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def torch_rank(module: str) -> int:
+    """Where a module of the torch frontend sits in its group order (higher imports lower)."""
+    rest = module.removeprefix(TORCH).removeprefix(".")
+    head = rest.split(".", 1)[0]
+    if head in TORCH_SHARED:
+        return 0
+    if head in TORCH_GROUPS:
+        return 1 + TORCH_GROUPS.index(head)
+    assert rest in TORCH_ENTRY, f"{module} is in no group of the torch frontend: give it one"
+    return 1 + len(TORCH_GROUPS)
+
+
+def _torch_back_edges() -> list[str]:
+    found = []
+    for module, path in MODULES.items():
+        if not _in(module, TORCH):
+            continue
+        for target in sorted(_imports(path, top_level_only=False)):
+            if _in(target, TORCH) and torch_rank(target) > torch_rank(module):
+                found.append(f"{module} imports {target}")
+    return found
+
+
+def test_the_torch_groups_import_only_groups_before_them() -> None:
+    edges = _torch_back_edges()
+    assert not edges, (
+        f"the torch frontend's groups are layered {' <- '.join(TORCH_GROUPS)} (shared "
+        "helpers below, __init__ and module.py above); these import a later group (move "
+        "the function to the lower group):\n" + "\n".join(edges)
+    )
+
+
+@pytest.mark.parametrize(
+    ("importer", "target", "allowed"),
+    [
+        ("tracing.fx", "naming.points", True),
+        ("lowering.lower", "tracing.ir_build", True),
+        ("tracing.ir_build", "lowering.computed", False),
+        ("naming.points", "tracing.traced", False),
+        ("tracing.export", "runtime.tiers", False),
+        ("dynamic.dynamo", "runtime.hooks", True),
+        ("runtime.hooks", "dynamic.dynamo", False),
+        ("module", "dynamic.dynamo", True),
+        ("_compat", "naming.points", False),
+        ("runtime.tiers", "module", False),
+    ],
+)
+def test_the_torch_group_order_reads_as_documented(
+    importer: str, target: str, allowed: bool
+) -> None:
+    assert (torch_rank(f"{TORCH}.{target}") <= torch_rank(f"{TORCH}.{importer}")) is allowed
 
 
 @pytest.mark.parametrize(

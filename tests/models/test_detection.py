@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import clouseau
+from clouseau.ir.graph import TraceKind
 from tests import torchvision_ops
 from tests.models.helpers import OutputHooks, tensors_of
 
@@ -92,6 +93,30 @@ def test_faster_rcnn_every_module_output_on_every_call() -> None:
     fmodel = check_calls(model, CALLS, ["*"])
     names = fmodel.captured.names()
     assert "roi_heads.box_roi_pool" in names and "images.0" in names
+    fmodel.close()
+
+
+def test_faster_rcnn_rpn_outputs_on_every_call() -> None:
+    # Neither tracer traces Faster R-CNN; a selection of module outputs only ("rpn" is a
+    # dotless glob, but names modules only) then takes the hook path, not TorchDynamo,
+    # whose regions of the whole backbone spent minutes in symbolic shapes at the second
+    # image size (issue #25): every module output under rpn, bitwise, on two calls.
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = torchvision.models.detection.fasterrcnn_resnet50_fpn(
+            weights=None,
+            weights_backbone=None,
+            min_size=64,
+            max_size=96,
+            rpn_pre_nms_top_n_test=100,
+            rpn_post_nms_top_n_test=50,
+        ).eval()
+    under = [p for p, _ in model.named_modules() if p.startswith("rpn.")]
+    fmodel = check_calls(model, CALLS, ["rpn", *under])
+    cap = fmodel.captured
+    assert cap.graph.trace_kind is TraceKind.TORCH_HOOKS
+    assert {"rpn", "rpn.head.cls_logits", "rpn.anchor_generator"} <= set(cap.names())
     fmodel.close()
 
 

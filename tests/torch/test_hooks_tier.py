@@ -144,3 +144,26 @@ def test_a_rerun_that_fails_before_any_output_keeps_the_previous_capture(tmp_pat
     with torch.no_grad():
         for call, x in enumerate(xs):
             np.testing.assert_array_equal(cap.get("0.1", call=call), model(x).numpy())
+
+
+@pytest.mark.parametrize(
+    ("select", "paths"),
+    [
+        ("layer1", ("layer1",)),
+        ("conv1", ("conv1", *(f"layer{i}.{j}.conv1" for i in range(1, 5) for j in (0, 1)))),
+        (["fc", "layer4.1.bn2"], ("fc", "layer4.1.bn2")),
+        ("relu", None),  # also every relu op
+        ("layer*", None),
+        ("nothing", None),
+    ],
+)
+def test_dotless_module_names_for_a_model_no_tracer_traces(
+    select: Any, paths: tuple[str, ...] | None
+) -> None:
+    # Past both tracers (module.py), a dotless glob that names modules by their last
+    # component, without wildcards and not an op's name, picks module outputs only.
+    from torchvision.models import resnet18
+
+    model = resnet18(weights=None)
+    assert module_paths_selected(model, select) is None
+    assert module_paths_selected(model, select, dotless=True) == paths

@@ -4,9 +4,11 @@ tier the model takes."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+import clouseau
 from clouseau.ir.graph import TraceKind
 from tests.torch import torchlens_models as tl
 from tests.torch.test_seams import check_every_call, eager_points
@@ -48,12 +50,43 @@ def test_torchlens_models_on_the_hook_path(make: type[torch.nn.Module]) -> None:
     assert fmodel.traces == 0
 
 
-@pytest.mark.xfail(
-    reason="nn.TransformerEncoder is a built-in, so a leaf of the fx trace: its layers' "
-    "modules are no points; tracing through it takes torch.export, whose attention is "
-    "not bitwise to eager's",
-    strict=True,
-)
 def test_transformer_encoder_model_on_the_traced_path() -> None:
+    # nn.TransformerEncoder and its layers are built-ins, leaves of torch.fx by default:
+    # the tracer takes their Python path (tracing/builtins.py), the one forward hooks see,
+    # so every submodule of every layer is a point of the fx graph, equal to eager's.
     torch.manual_seed(0)
-    check_every_call(tl.TransformerEncoderModel().eval(), CALLS)
+    model = tl.TransformerEncoderModel().eval()
+    fmodel = check_every_call(model, CALLS)
+    assert fmodel.captured.graph.trace_kind is TraceKind.TORCH_FX and fmodel.traces == 1
+    assert {"encoder.layers.1.self_attn:0", "encoder.layers.0.linear2"} <= set(
+        fmodel.captured.names()
+    )
+    # The reference is the model's own value: its fused fast path (no hooks attached)
+    # gives the same outputs as the Python path the trace and the hooks take.
+    with torch.no_grad():
+        for x in CALLS:
+            torch.testing.assert_close(fmodel(x), model(x), rtol=0, atol=0)
+
+
+def test_transformer_encoder_with_a_mask_stays_a_leaf() -> None:
+    # A mask's dtype and causality are checked on its values, which fx cannot trace:
+    # such a call keeps the encoder one leaf node, as torch.fx does. The leaf runs the
+    # fused fast path, as the model does without hooks (hooks on its layers would turn it
+    # off and change the last bits): outputs and the encoder's output are the model's own.
+    torch.manual_seed(0)
+    masked = tl.MaskedEncoder(tl.TransformerEncoderModel()).eval()
+    fmodel = clouseau.instrument(masked, select="*", path=None)
+    seen: list[torch.Tensor] = []
+    for call, x in enumerate(CALLS):
+        seen.clear()
+        hook = masked.model.encoder.register_forward_hook(lambda m, a, out: seen.append(out))
+        with torch.no_grad():
+            want = masked(x)
+        hook.remove()
+        with torch.no_grad():
+            got = fmodel(x)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        cap = fmodel.captured
+        np.testing.assert_array_equal(cap.get("model.encoder", call=call), seen[0].numpy())
+    assert fmodel.captured.graph.trace_kind is TraceKind.TORCH_FX
+    assert "model.encoder.layers.0.linear1" not in fmodel.captured.names()

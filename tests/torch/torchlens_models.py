@@ -71,3 +71,19 @@ class TransformerEncoderModel(nn.Module):
         positions = torch.arange(ids.shape[1], device=ids.device)
         x = self.encoder(self.embed(ids) + self.position(positions))
         return self.classifier(x.mean(1))
+
+
+class MaskedEncoder(nn.Module):
+    """:class:`TransformerEncoderModel`'s encoder called with a key padding mask (the
+    last position of every sequence padded)."""
+
+    def __init__(self, model: TransformerEncoderModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        model = self.model
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        padded = (positions == ids.shape[1] - 1).expand(ids.shape[0], -1)
+        x = model.encoder(model.embed(ids) + model.position(positions), src_key_padding_mask=padded)
+        return model.classifier(x.mean(1))

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from clouseau.capture.torch.lowering.lower import Lowered, lower
+from clouseau.capture.torch.module import InstrumentedModule
 from clouseau.capture.torch.naming.points import torchvision_points
 from clouseau.capture.torch.runtime.host import to_numpy
-from clouseau.capture.torch.runtime.module import InstrumentedModule
 from clouseau.capture.torch.tracing.ir_build import trace_model
 from clouseau.capture.torch.tracing.traced import mark_leaf
 from clouseau.ir.graph import Graph

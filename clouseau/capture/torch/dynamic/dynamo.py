@@ -200,14 +200,22 @@ def dynamo_failed(error: BaseException) -> bool:
 
 
 class HookTier:
-    """Every module's output, saved through forward hooks while the model runs eagerly
-    (:class:`ModuleHooks` on every submodule): the tier after TorchDynamo failed."""
+    """Module outputs saved through forward hooks while the model runs eagerly
+    (:class:`ModuleHooks` on ``paths``, every submodule by default): the tier after
+    TorchDynamo failed, and ``tier`` HOOKS, the hook path of a model no tracer traces
+    whose selection picks module outputs only (:func:`runtime.tiers.after_untraceable`)."""
 
-    tier = Tier.HOOK_FALLBACK
-    name = Tier.HOOK_FALLBACK.value
-
-    def __init__(self, model: torch.nn.Module, select: SelectLike, sink: Sink) -> None:
-        self.hooks = ModuleHooks(model, select, sink)
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        select: SelectLike,
+        sink: Sink,
+        paths: tuple[str, ...] | None = None,
+        tier: Tier = Tier.HOOK_FALLBACK,
+    ) -> None:
+        self.tier = tier
+        self.name = tier.value
+        self.hooks = ModuleHooks(model, select, sink, paths)
 
     @property
     def traces(self) -> int:

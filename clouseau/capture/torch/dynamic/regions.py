@@ -28,9 +28,9 @@ import torch
 import torch.fx as fx
 
 from clouseau.capture.torch._compat import dynamo_frame_module, example_value, running_module
+from clouseau.capture.torch.dynamic.stack import stack_infos
 from clouseau.capture.torch.lowering.lower import SaveTarget, lower_traced
 from clouseau.capture.torch.naming.points import PointNamer
-from clouseau.capture.torch.naming.stack import stack_infos
 from clouseau.capture.torch.runtime.host import to_numpy
 from clouseau.capture.torch.tracing.ir_build import TracedModel, build_graph
 from clouseau.capture.torch.tracing.probe import probe

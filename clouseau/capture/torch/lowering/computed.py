@@ -1,11 +1,11 @@
-"""Lower computed points (:mod:`clouseau.ir.computed`) to fx nodes, and a fused kernel's options.
+"""Lower computed points (:mod:`clouseau.ir.computed`) to fx nodes.
 
 A computed point becomes fx ``call_function`` nodes right after its last input, emitted
 only for points a save reads: the model's own nodes are untouched, so its outputs stay
 bitwise. A run ``matmul -> scale -> mask`` (a pattern's scores) is one ``baddbmm`` onto
-the mask's bias, one pass over the scores instead of three. :func:`kernel_attrs` records
-what a computed attention pattern needs from a ``scaled_dot_product_attention`` call
-(its scale, causality, mask and dropout).
+the mask's bias, one pass over the scores instead of three. What a computed attention
+pattern needs from a ``scaled_dot_product_attention`` call (its scale, causality, mask and
+dropout) the IR builder records (``tracing/ir_build.py``).
 """
 
 from __future__ import annotations
@@ -19,30 +19,10 @@ import torch
 import torch.fx as fx
 
 from clouseau.ir.computed import Op, program_of
-from clouseau.ir.graph import AttrValue, Graph, Node, NodeKind, TensorSpec
+from clouseau.ir.graph import Graph, Node, NodeKind, TensorSpec
 
-_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 #: fx meta key of the nodes a computed point's lowering adds.
 COMPUTED_META = "clouseau_computed"
-
-
-def kernel_attrs(fx_node: fx.Node, op: str) -> tuple[tuple[str, AttrValue], ...]:
-    """The options of a ``scaled_dot_product_attention`` call, as IR attrs (else none)."""
-    if op != "scaled_dot_product_attention" or fx_node.op != "call_function":
-        return ()
-    bound = dict(zip(_SDPA_ARGS, fx_node.args, strict=False)) | dict(fx_node.kwargs)
-    nodes = [a for a in fx_node.args[:3] if isinstance(a, fx.Node)]
-    mask = bound.get("attn_mask")
-    scale = bound.get("scale")
-    if len(nodes) != 3 or not (scale is None or isinstance(scale, int | float)):
-        return ()
-    return (
-        ("scale", None if scale is None else float(scale)),
-        ("is_causal", bool(bound.get("is_causal", False))),
-        ("mask", 3 if isinstance(mask, fx.Node) else -1),
-        ("dropout_p", float(bound.get("dropout_p", 0.0) or 0.0)),
-        ("enable_gqa", bool(bound.get("enable_gqa", False))),
-    )
 
 
 def _mask_fill(x: torch.Tensor, mask: torch.Tensor, value: float) -> torch.Tensor:

@@ -27,10 +27,9 @@ from clouseau.capture.torch.lowering.computed_points import (
     lower_computed_points,
     lower_stand_ins,
 )
-from clouseau.capture.torch.lowering.intervene import applier, grad_tap
-from clouseau.capture.torch.runtime.tiers import Tier
+from clouseau.capture.torch.lowering.intervene import grad_tap
 from clouseau.capture.torch.tracing.ir_build import TracedModel, trace_model
-from clouseau.capture.torch.tracing.live import live_plan
+from clouseau.capture.torch.tracing.live import applier, live_plan
 from clouseau.capture.torch.tracing.probe import FirstRun
 from clouseau.ir.actions import Action
 from clouseau.ir.computed_interventions import StandIn, stand_ins
@@ -124,20 +123,23 @@ def lower(
     intervene: Mapping[Any, Action] | None = None,
     grads: Grads = False,
     live: bool = False,
-    export: Tier = Tier.EXPORT,
+    dynamic_export: bool = False,
 ) -> Lowered:
     """Trace ``model``, rewrite the IR for ``select``, ``intervene`` and ``grads`` (strictly)
     and lower it to a GraphModule.
 
     With ``live`` the trace's probe is the user's call, applying ``intervene`` and
     ``grads`` as it runs: ``lowered.traced.first`` holds its output and values.
+    ``dynamic_export``: the export after a failed fx trace has dynamic dimensions.
     """
     changes = (
         partial(live_plan, select=select, intervene=intervene, grads=grads)
         if intervene or grads
         else None
     )
-    traced = trace_model(model, args, kwargs, live=live, changes=changes, export=export)
+    traced = trace_model(
+        model, args, kwargs, live=live, changes=changes, dynamic_export=dynamic_export
+    )
     return lower_traced(traced, select, intervene=intervene, grads=grads)
 
 

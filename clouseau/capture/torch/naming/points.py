@@ -13,7 +13,7 @@ path that then equals a valid path of the model or an earlier sanitised one gets
 first free ``_<k>`` (``k = 1, 2, ...``), in ``named_modules()`` order.
 
 Op names: :class:`LocalNamer` is torchvision's counter local to a name (the
-``torchvision_names`` meta, and a Dynamo region's ops in ``stack.py``);
+``torchvision_names`` meta, and a Dynamo region's ops in ``dynamic/stack.py``);
 :func:`target_name` and :func:`function_op` name an fx call target.
 """
 

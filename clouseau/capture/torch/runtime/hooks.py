@@ -53,16 +53,21 @@ _WILD = re.compile(r"[*?\[]")
 _REPEAT = re.compile(r"_[0-9]+$")
 
 
-def module_paths_selected(model: torch.nn.Module, select: SelectLike) -> tuple[str, ...] | None:
+def module_paths_selected(
+    model: torch.nn.Module, select: SelectLike, *, dotless: bool = False
+) -> tuple[str, ...] | None:
     """The module paths whose outputs ``select`` may pick, or None if it may pick others.
 
     Only globs are judged (a callable or a Selector may pick anything): each positive glob
-    must have a dot (a dotless glob also matches op names, ``"relu*"``), a last component
-    without wildcards, and name a module of ``model`` once a ``:<element>`` and a ``_<k>``
-    repeat suffix are set aside. An op is named ``<module path>.<op>`` and a module path
-    is never an op's name, so such a glob matches module outputs only; a glob with
-    wildcards could also reach ``<other path>.<op>``, so its last component must not be
-    the name of a torch function or operator (``"blocks.*.relu"`` is traced).
+    must have a last component without wildcards and name a module of ``model`` once a
+    ``:<element>`` and a ``_<k>`` repeat suffix are set aside. An op is named ``<module
+    path>.<op>`` and a module path is never an op's name, so such a glob matches module
+    outputs only; a glob with wildcards could also reach ``<other path>.<op>``, so its
+    last component must not be the name of a torch function or operator (``"blocks.*.relu"``
+    is traced). A dotless glob matches the last component of a name or an op
+    (``"relu*"``), and is judged only with ``dotless`` (a model no tracer traces, whose
+    graph of ops is lost anyway): without wildcards and not an op's name (``"rpn"``, not
+    ``"relu"``) it names the modules of that last component only.
     """
     if isinstance(select, str):
         select = (select,)
@@ -76,13 +81,18 @@ def module_paths_selected(model: torch.nn.Module, select: SelectLike) -> tuple[s
     for glob in positive:
         base = glob.split(":", 1)[0]
         last = base.rsplit(".", 1)[-1]
-        if "." not in base or _WILD.search(last):
+        bare = "." not in base
+        if _WILD.search(last) or (bare and not dotless):
             return None
-        if _WILD.search(base) and _is_op_name(_REPEAT.sub("", last)):
+        if (_WILD.search(base) or bare) and _is_op_name(_REPEAT.sub("", last)):
             return None
         stripped = _REPEAT.sub("", base)
+        # A dotless glob names a module by its last component, at any depth.
+        names = {p: p.rsplit(".", 1)[-1] if bare else p for p in paths}
         hits = [
-            p for p in paths if fnmatch.fnmatchcase(p, base) or fnmatch.fnmatchcase(p, stripped)
+            p
+            for p, name in names.items()
+            if fnmatch.fnmatchcase(name, base) or fnmatch.fnmatchcase(name, stripped)
         ]
         if not hits:
             return None

@@ -47,12 +47,6 @@ def _leaf_structure(leaf: Any) -> Hashable:
     return ("int",) if type(leaf) is int else structure_key(leaf)
 
 
-def grad_mode() -> tuple[bool, bool]:
-    """Whether grad mode and inference mode are on: an export bakes in the regions of
-    ``forward`` that change them relative to the modes it traced under."""
-    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
-
-
 def _value_key(value: Any) -> Hashable:
     try:
         hash(value)

@@ -12,7 +12,8 @@ the rest of the frontend asks and obeys.
             FX ── fails ─► EXPORT (first shape of a structure)
                            EXPORT_DYNAMIC (a later shape of a structure; a failure other
                            than the model's data-dependent control flow: EXPORT again)
-                             │ both fail (untraceable), gradients asked: the error
+                             │ both fail (untraceable), gradients asked: the error;
+                             │ module outputs only (dotless names too): HOOKS
                              ▼
                            DYNAMO (regions between graph breaks; module outputs by hooks)
                              │ TorchDynamo itself fails
@@ -115,10 +116,15 @@ def on_failure(tier: Tier) -> Tier | None:
     return _STEPS[tier].on_failure
 
 
-def after_untraceable(grads: bool) -> Tier | None:
+def after_untraceable(grads: bool, module_outputs_only: bool = False) -> Tier | None:
     """Where a model neither tracer can trace goes: gradients need a traced graph, so
-    with ``grads`` the trace error is the user's."""
-    return None if grads else on_failure(Tier.EXPORT)
+    with ``grads`` the trace error is the user's; a selection that can pick module
+    outputs only (dotless module names included, no interventions) takes the hook path,
+    which saves all it picks without TorchDynamo (whose regions of a large model cost
+    minutes of symbolic shapes at each new shape: Faster R-CNN's ``select=["rpn"]``)."""
+    if grads:
+        return None
+    return Tier.HOOKS if module_outputs_only else on_failure(Tier.EXPORT)
 
 
 def after_dynamic_call(dynamo_failed: bool) -> Tier:

@@ -28,8 +28,6 @@ from clouseau.capture.torch._compat import (
     tree_unflatten,
 )
 from clouseau.capture.torch.naming.points import PointNamer, element_names, function_op, target_name
-from clouseau.capture.torch.runtime.signature import grad_mode
-from clouseau.capture.torch.runtime.tiers import Tier
 from clouseau.capture.torch.tracing.caches import CacheAdopter
 from clouseau.capture.torch.tracing.export_marks import (
     InferenceModeError,
@@ -56,18 +54,24 @@ _WEIGHTS = {
 }
 
 
+def grad_mode() -> tuple[bool, bool]:
+    """Whether grad mode and inference mode are on: an export bakes in the regions of
+    ``forward`` that change them relative to the modes it traced under."""
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+
+
 def trace_export(
     model: torch.nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    tier: Tier = Tier.EXPORT,
+    dynamic: bool = False,
 ) -> Traced:
     """Trace ``model`` with ``torch.export.export(strict=False)`` into a :class:`Traced`;
-    ``tier``: :attr:`Tier.EXPORT_DYNAMIC` exports with dynamic dimensions
+    ``dynamic``: export with dynamic dimensions, the ``EXPORT_DYNAMIC`` tier
     (:func:`clouseau.capture.torch.runtime.tiers.export_tier` decides)."""
     kwargs = canonical_kwargs(model, kwargs)
     register_cache_pytrees(model)
-    ep, marks = _export(model, args, kwargs, tier is Tier.EXPORT_DYNAMIC)
+    ep, marks = _export(model, args, kwargs, dynamic)
     graph = ep.graph_module.graph
     _check_inference(graph)
     marked = take_marks(ep.graph_module, marks)

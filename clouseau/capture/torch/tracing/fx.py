@@ -25,6 +25,7 @@ from clouseau.capture.torch.naming.points import (
     function_op,
     target_name,
 )
+from clouseau.capture.torch.tracing.builtins import python_path
 from clouseau.capture.torch.tracing.export_hooks import hooks_runner, run_hooks
 from clouseau.capture.torch.tracing.sources import source_from_stack
 from clouseau.capture.torch.tracing.traced import (
@@ -35,6 +36,7 @@ from clouseau.capture.torch.tracing.traced import (
     forward_signature,
     has_tensor,
     is_leaf,
+    is_marked_leaf,
     name_tuple_elements,
 )
 from clouseau.ir.graph import NodeKind, Source, TraceKind
@@ -140,13 +142,20 @@ class NamingTracer(fx.Tracer):
         kwargs: dict[str, Any],
     ) -> Any:
         path = self.path_of_module(m)
-        leaf = self.is_leaf_module(m, path)
+        # A built-in traced on its Python path (tracing/builtins.py) is no leaf here,
+        # unless the user marked it one.
+        through = None if is_marked_leaf(m) else python_path(m, args, kwargs)
+        leaf = through is None and self.is_leaf_module(m, path)
         outer, self._where = self._where, (path, type(m).__name__)
         hooks = None if leaf or not user_forward_hooks(m) else dict(forward_hooks_of(m))
         try:
             if hooks is not None:  # traced through: the hooks would run once, on proxies
                 forward_hooks_of(m).clear()
-            out = super().call_module(m, forward, args, kwargs)
+            out = (
+                through(*args, **kwargs)
+                if through
+                else super().call_module(m, forward, args, kwargs)
+            )
         finally:
             if hooks is not None:
                 forward_hooks_of(m).update(hooks)

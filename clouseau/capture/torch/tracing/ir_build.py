@@ -22,8 +22,6 @@ from clouseau.capture._common import (
 from clouseau.capture.torch._quiet import quiet_export
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.flop_ops import category
-from clouseau.capture.torch.lowering.computed import kernel_attrs
-from clouseau.capture.torch.runtime.tiers import Tier
 from clouseau.capture.torch.tracing.export import trace_export
 from clouseau.capture.torch.tracing.fx import trace_fx
 from clouseau.capture.torch.tracing.live import PROVISIONAL, LivePlan
@@ -87,12 +85,13 @@ def trace_model(
     *,
     live: bool = False,
     changes: Callable[[Graph], LivePlan] | None = None,
-    export: Tier = Tier.EXPORT,
+    dynamic_export: bool = False,
 ) -> TracedModel:
     """Trace ``model(*args, **kwargs)`` with torch.fx, or torch.export when fx fails.
 
-    ``export``: the export tier fx's failure leads to (:mod:`runtime.tiers`: static for the first
-    shape of a structure, dynamic for later ones).
+    ``dynamic_export``: whether the export fx's failure leads to has dynamic dimensions
+    (:mod:`runtime.tiers` decides: static for the first shape of a structure, dynamic for
+    later ones).
 
     With ``live`` the probe run is the user's call itself (its output and values are in
     ``first``); otherwise it runs on copies and leaves the model, hooks aside, untouched.
@@ -124,7 +123,7 @@ def trace_model(
     )
     # Tracers patch torch.nn.Module process-wide: no lowered graph may run meanwhile.
     with TRACE_LOCK.exclusive():
-        return _trace_model(model, args, kwargs, live, changes, export)
+        return _trace_model(model, args, kwargs, live, changes, dynamic_export)
 
 
 def _trace_model(
@@ -133,7 +132,7 @@ def _trace_model(
     kwargs: dict[str, Any],
     live: bool,
     changes: Callable[[Graph], LivePlan] | None,
-    export: Tier,
+    dynamic_export: bool,
 ) -> TracedModel:
     fx_infos: Mapping[str, NodeInfo] | None = None
     run = partial(_live_probe, changes) if live else _probe
@@ -144,7 +143,7 @@ def _trace_model(
     except Exception as fx_error:
         try:
             with quiet_export():
-                traced = trace_export(model, args, kwargs, export)
+                traced = trace_export(model, args, kwargs, dynamic_export)
             traced = replace(traced, meta=(*traced.meta, ("fx_error", first_line(fx_error))))
             facts, first = run(traced, model, args, kwargs)
         except Exception as export_error:
@@ -296,6 +295,30 @@ def _point_kind(
     if not info.module_output and (is_static or plain):
         return (("point", "exact"),)
     return ()
+
+
+# The arguments of torch.nn.functional.scaled_dot_product_attention, in order.
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+
+
+def kernel_attrs(fx_node: fx.Node, op: str) -> tuple[tuple[str, AttrValue], ...]:
+    """The options of a ``scaled_dot_product_attention`` call, as IR attrs (else none):
+    what a computed attention pattern beside it needs (``lowering/computed.py``)."""
+    if op != "scaled_dot_product_attention" or fx_node.op != "call_function":
+        return ()
+    bound = dict(zip(_SDPA_ARGS, fx_node.args, strict=False)) | dict(fx_node.kwargs)
+    nodes = [a for a in fx_node.args[:3] if isinstance(a, fx.Node)]
+    mask = bound.get("attn_mask")
+    scale = bound.get("scale")
+    if len(nodes) != 3 or not (scale is None or isinstance(scale, int | float)):
+        return ()
+    return (
+        ("scale", None if scale is None else float(scale)),
+        ("is_causal", bool(bound.get("is_causal", False))),
+        ("mask", 3 if isinstance(mask, fx.Node) else -1),
+        ("dropout_p", float(bound.get("dropout_p", 0.0) or 0.0)),
+        ("enable_gqa", bool(bound.get("enable_gqa", False))),
+    )
 
 
 # Hyper-parameters of leaf modules that FLOP counts need (a conv's kernel and groups

@@ -11,14 +11,14 @@ to its value's real shape when the value is produced.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 
-from clouseau.capture.torch.lowering.intervene import GradEmit, applier
 from clouseau.capture.torch.tracing.specs import spec_of
 from clouseau.ir.actions import Action
 from clouseau.ir.computed import is_computed
@@ -36,6 +36,54 @@ from clouseau.ir.selection import SelectLike
 
 # Any tensor spec: which values a pattern picks depends on names and kinds, not shapes.
 PROVISIONAL = TensorSpec((), DType.FLOAT32)
+
+# What a gradient tap hands a gradient to: (names, producing node, gradient).
+GradEmit = Callable[[tuple[str, ...], str, torch.Tensor], None]
+
+
+class TorchOps:
+    """The :class:`~clouseau.ir.actions.ArrayOps` of torch tensors."""
+
+    def __init__(self) -> None:
+        self._constants: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
+
+    def zeros_like(self, value: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(value)
+
+    def clip(self, value: torch.Tensor, lo: float | None, hi: float | None) -> torch.Tensor:
+        return torch.clamp(value, lo, hi)
+
+    def batch_mean(self, value: torch.Tensor) -> torch.Tensor:
+        # contiguous() copies: a later in-place op must not write through an expanded view.
+        return value.mean(dim=0, keepdim=True).expand_as(value).contiguous()
+
+    def normal(self, value: torch.Tensor, seed: int) -> torch.Tensor:
+        generator = torch.Generator(device=value.device)
+        generator.manual_seed(seed)
+        return torch.randn(value.shape, generator=generator, device=value.device, dtype=value.dtype)
+
+    def constant(self, array: Any, like: torch.Tensor) -> torch.Tensor:
+        key = (id(array), like.device, like.dtype)
+        tensor = self._constants.get(key)
+        if tensor is None:
+            source = (
+                array if isinstance(array, torch.Tensor) else torch.as_tensor(np.asarray(array))
+            )
+            tensor = source.detach().to(device=like.device, dtype=like.dtype)
+            self._constants[key] = tensor
+        # A copy, so that a later in-place op changes neither the cache nor the capture.
+        return tensor.expand_as(like).clone()
+
+
+def applier(action: Action) -> Callable[[torch.Tensor], torch.Tensor]:
+    """How ``action`` applies to a tensor: the fx call target of one intervene node
+    (``lowering/intervene.py``), and what the first call applies as it runs."""
+    ops = TorchOps()
+
+    def clouseau_intervene(value: torch.Tensor) -> torch.Tensor:
+        return action.apply(value, ops)
+
+    return clouseau_intervene
 
 
 @dataclass

@@ -92,7 +92,12 @@ def mark_leaf(*modules: torch.nn.Module | type) -> None:
 
 def is_leaf(module: torch.nn.Module) -> bool:
     """torch.fx's default leaf rule (built-in torch.nn modules), plus what mark_leaf marked."""
-    return module in _LEAF_MODULES or type(module) in _LEAF_CLASSES or is_leaf_class(type(module))
+    return is_marked_leaf(module) or is_leaf_class(type(module))
+
+
+def is_marked_leaf(module: torch.nn.Module) -> bool:
+    """Whether :func:`mark_leaf` marked ``module`` or its class."""
+    return module in _LEAF_MODULES or type(module) in _LEAF_CLASSES
 
 
 def is_leaf_type_name(qualified: str) -> bool:

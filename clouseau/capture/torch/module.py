@@ -27,9 +27,9 @@ from clouseau.capture.torch.runtime.reuse import keep, lookup, reuse_key
 from clouseau.capture.torch.runtime.signature import (
     MAX_SIGNATURES,
     exact_key,
-    grad_mode,
     structure_key,
 )
+from clouseau.capture.torch.tracing.export import grad_mode
 from clouseau.capture.torch.tracing.export_hooks import run_hooks
 from clouseau.capture.torch.tracing.ir_build import UntraceableError
 from clouseau.capture.torch.tracing.probe import FirstRun
@@ -318,14 +318,21 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
                 intervene=self._intervene,
                 grads=self._grads,
                 live=live,
-                export=tiers.export_tier(structure_seen=bool(entries)),
+                dynamic_export=tiers.export_tier(bool(entries)) is tiers.Tier.EXPORT_DYNAMIC,
             )
         except UntraceableError as error:
-            if tiers.after_untraceable(bool(self._grads)) is None:
-                raise
-            from clouseau.capture.torch.dynamic.dynamo import DynamicTier
+            from clouseau.capture.torch.dynamic.dynamo import DynamicTier, HookTier
+            from clouseau.capture.torch.runtime.hooks import module_paths_selected
 
-            tier = DynamicTier(self.model, self._select, self._sink, self._intervene)
+            paths = module_paths_selected(self.model, self._select, dotless=True)
+            after = tiers.after_untraceable(bool(self._grads), bool(paths) and plain)
+            if after is None:
+                raise
+            if after is tiers.Tier.HOOKS:
+                assert paths is not None
+                tier = HookTier(self.model, self._select, self._sink, paths, after)
+            else:
+                tier = DynamicTier(self.model, self._select, self._sink, self._intervene)
             return self._to_tier(tier, error.reasons), None
         self._traces += 1
         entry = self._add_entry(lowered, args, kwargs, entries)
