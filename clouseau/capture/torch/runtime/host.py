@@ -54,6 +54,10 @@ _BITS = {
 }
 
 
+#: The torch dtypes numpy has not, which go to the host through their integer bits.
+THROUGH_BITS = frozenset(_BITS)
+
+
 def to_numpy(t: torch.Tensor, *, copy: bool = True) -> np.ndarray:
     """A host array with the dtype, shape and values of ``t`` (C-contiguous).
 
