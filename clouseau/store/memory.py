@@ -172,7 +172,11 @@ class MemorySink:
             # collector stops tracking them, so a long capture does not make every
             # collection (and so every call) slower. A SavedBatch's names are its
             # Saves' own tuples, shared by every call of the graph.
-            names, nodes, arrays, indices = columns(values)
+            if type(values) is SavedBatch:  # the per-call path: no frame, nothing per value
+                names, nodes, indices = values.saves.names, values.saves.nodes, None
+                arrays = values.arrays
+            else:
+                names, nodes, arrays, indices = columns(values)
             for array in arrays:
                 if type(array) is not np.ndarray or array.dtype not in _NATIVE:
                     arrays = _converted(names, arrays)

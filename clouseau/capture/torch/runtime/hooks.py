@@ -383,10 +383,16 @@ class ModuleHooks:
         found = self._seen.get(ident)
         if found is None:
             found = self._seen[ident] = len(tensors)
-            # ndarray.copy inline (to_numpy's common case): the copy this hook exists for.
-            self._arrays.append(
-                t.numpy(force=True).copy() if t.dtype not in THROUGH_BITS else to_numpy(t)
-            )
+            # The copy this hook exists for, inline in the common case (a CPU tensor that
+            # needs no grad: numpy() shares its memory, with no detached tensor made and
+            # dropped as numpy(force=True) does); to_numpy for the rest, and for a
+            # conjugate or negative bit, which numpy() refuses.
+            plain = not t.requires_grad and t.is_cpu and t.dtype not in THROUGH_BITS
+            try:
+                array = t.numpy().copy() if plain else to_numpy(t)
+            except RuntimeError:
+                array = to_numpy(t)
+            self._arrays.append(array)
             # The tensor itself too, till the call ends: its memory is not reused by
             # another tensor meanwhile, which would take its identity.
             tensors.append(t)
