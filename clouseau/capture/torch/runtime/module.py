@@ -223,7 +223,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
 
     def _put_call(self, entry: Entry, saved: tuple[torch.Tensor, ...]) -> None:
         with SinkCall(self._sink) as call:
-            self._sink.put(call, entry.graph_id, saved_values(entry.targets, saved))
+            self._sink.put(call, entry.graph_id, saved_values(entry.targets, saved, entry.saves))
 
     def _saving_call(self, entry: Entry, inputs: tuple[Any, ...]) -> Any:
         with SinkCall(self._sink) as call:
@@ -236,7 +236,9 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             if entry.unverified and entry.targets:
                 entry.verify(inputs, raw, self.model)
             if entry.targets:
-                self._sink.put(call, entry.graph_id, saved_values(entry.targets, raw[1]))
+                self._sink.put(
+                    call, entry.graph_id, saved_values(entry.targets, raw[1], entry.saves)
+                )
         return entry.outputs(raw)
 
     def _first_call(self, entry: Entry, first: FirstRun) -> Any:
@@ -247,7 +249,9 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             if first.grads is not None:  # backward runs later: its taps put into this call
                 first.grads.emit = partial(self._put_grad, call, entry.graph_id)
             values = entry.lowered.first_values(first)
-            self._sink.put(call, entry.graph_id, saved_values(entry.targets, values, first=True))
+            self._sink.put(
+                call, entry.graph_id, saved_values(entry.targets, values, entry.saves, first=True)
+            )
         return outputs
 
     def _put_grad(
