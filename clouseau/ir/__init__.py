@@ -29,7 +29,7 @@ from clouseau.ir.graph import (
 from clouseau.ir.interventions import Rewritten, insert_grad_saves, insert_interventions, rewrite
 from clouseau.ir.passes import insert_saves, producer_of, strip_saves
 from clouseau.ir.selection import Selector, select_points
-from clouseau.ir.sink import SavedValue, Sink
+from clouseau.ir.sink import SavedBatch, SavedValue, Saves, Sink
 from clouseau.ir.verify import verify
 
 __all__ = [
@@ -48,7 +48,9 @@ __all__ = [
     "Point",
     "Ref",
     "Rewritten",
+    "SavedBatch",
     "SavedValue",
+    "Saves",
     "SelectionError",
     "Selector",
     "Sink",

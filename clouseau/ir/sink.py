@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph
@@ -63,6 +63,58 @@ class SavedValue:
         return self.names[0]
 
 
+@dataclass(frozen=True)
+class Saves:
+    """Who the values of a :class:`SavedBatch` are, in order: each one's names and node.
+
+    A frontend computes it once per graph (or per sequence of module outputs), not per
+    call: it is the part of a put that repeats from call to call.
+    """
+
+    names: tuple[tuple[str, ...], ...]
+    nodes: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.names) != len(self.nodes):
+            raise ValueError(f"{len(self.names)} names for {len(self.nodes)} nodes")
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+
+class SavedBatch(Sequence[SavedValue]):
+    """The values of one put (outside loops) as two parts: who they are (``saves``, made
+    once) and this call's ``arrays`` (a tuple, in the order of ``saves``).
+
+    It is a sequence of :class:`SavedValue` (made on access), so that any sink takes it;
+    a sink on the per-call path reads ``saves`` and ``arrays`` instead, and pays nothing
+    per value for the names.
+    """
+
+    __slots__ = ("arrays", "saves")
+
+    def __init__(self, saves: Saves, arrays: tuple[Any, ...]) -> None:
+        if len(arrays) != len(saves.nodes):
+            raise ValueError(f"{len(arrays)} arrays for {len(saves.nodes)} saved values")
+        self.saves = saves
+        self.arrays = arrays
+
+    def __len__(self) -> int:
+        return len(self.arrays)
+
+    @overload
+    def __getitem__(self, index: int) -> SavedValue: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[SavedValue]: ...
+    def __getitem__(self, index: int | slice) -> SavedValue | list[SavedValue]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return SavedValue(self.saves.names[index], self.saves.nodes[index], self.arrays[index])
+
+    def __repr__(self) -> str:
+        return f"SavedBatch({[n[0] for n in self.saves.names]})"
+
+
 class Sink(Protocol):
     """Where an instrumented model sends what it saves. Every method is thread-safe."""
 
@@ -75,7 +127,11 @@ class Sink(Protocol):
         ...
 
     def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
-        """Hand over saved values of ``call`` (possibly in several pieces)."""
+        """Hand over saved values of ``call`` (possibly in several pieces).
+
+        ``values`` may be a :class:`SavedBatch` (the frontends' per-call path): read its
+        ``saves`` and ``arrays`` rather than its items where the cost per call matters.
+        """
         ...
 
     def end_call(self, call: int) -> None:

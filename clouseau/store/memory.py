@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph, Node, NodeKind, TensorSpec
-from clouseau.ir.sink import SavedValue
+from clouseau.ir.sink import SavedBatch, SavedValue
 from clouseau.store.capture import Capture, Entry, Record, tensor_key
 from clouseau.store.safetensors_io import TO_NUMPY, dtype_code, storable
 
@@ -39,16 +40,17 @@ class Calls:
         self, call: int, graph_id: int, values: Sequence[SavedValue]
     ) -> list[tuple[Record, np.ndarray]]:
         self.check_open()
-        arrays = [np.asarray(value.array) for value in values]
-        for value, array in zip(values, arrays, strict=True):
-            _refuse_dtype(value.name, array.dtype)  # before anything is numbered
+        names, nodes, raw, indices = columns(values)
+        arrays = [np.asarray(array) for array in raw]
+        for value_names, array in zip(names, arrays, strict=True):
+            _refuse_dtype(value_names[0], array.dtype)  # before anything is numbered
         out = []
-        for value, array in zip(values, arrays, strict=True):
+        for position, array in enumerate(arrays):
             order = self.order.get(call, 0)
             self.order[call] = order + 1
-            names, index = tuple(value.names), tuple(int(i) for i in value.index)
-            key = tensor_key(names[0], call, index)
-            record = Record(key, names, value.node, call, order, graph_id, index)
+            value_names, index = tuple(names[position]), _index(indices, position)
+            key = tensor_key(value_names[0], call, index)
+            record = Record(key, value_names, nodes[position], call, order, graph_id, index)
             out.append((record, array))
         return out
 
@@ -59,6 +61,30 @@ class Calls:
             raise CaptureError(
                 "this capture is closed: create a new instrumented model to capture again"
             )
+
+
+# Per value of a put: its names, node, array and loop index (None: () for every value).
+Columns = tuple[
+    Sequence[Sequence[str]], Sequence[str], tuple[Any, ...], Sequence[Sequence[int]] | None
+]
+
+
+def columns(values: Sequence[SavedValue]) -> Columns:
+    """The names, nodes, arrays and indices of a put, each as one sequence: a
+    :class:`SavedBatch`'s own (nothing made per value), or gathered from the values."""
+    if type(values) is SavedBatch:
+        arrays = values.arrays
+        return values.saves.names, values.saves.nodes, tuple(arrays), None
+    return (
+        tuple(v.names for v in values),
+        tuple(v.node for v in values),
+        tuple(v.array for v in values),
+        tuple(v.index for v in values),
+    )
+
+
+def _index(indices: Sequence[Sequence[int]] | None, position: int) -> tuple[int, ...]:
+    return () if indices is None else tuple(int(i) for i in indices[position])
 
 
 def check_saved_dtypes(graph: Graph) -> None:
@@ -114,9 +140,11 @@ class MemorySink:
     out read-only, so that reading a capture never changes it.
 
     Cost: ``put`` runs inside every call of the model, so it only checks the dtypes,
-    numbers the values and keeps each one's names, node, array (the frontend's own copy)
-    and index as a plain tuple, which the garbage collector stops tracking; the records
-    and read-only views are made once, when a capture is next read.
+    numbers the values and keeps the put's names, nodes, arrays (the frontend's own
+    copies) and indices as plain tuples, which the garbage collector stops tracking; a
+    :class:`~clouseau.ir.sink.SavedBatch` hands over its names as tuples made once per
+    graph, so nothing is made per value. The records and read-only views are made once,
+    when a capture is next read.
     """
 
     def __init__(self) -> None:
@@ -140,21 +168,22 @@ class MemorySink:
         with calls.lock:
             if calls.stopped or calls.closed:
                 calls.check_open()
-            # Plain tuples of strings and arrays, not the SavedValue objects: the garbage
+            # Plain tuples of strings and arrays, not SavedValue objects: the garbage
             # collector stops tracking them, so a long capture does not make every
-            # collection (and so every call) slower.
-            kept = []
-            for value in values:
-                array = value.array
-                if type(array) is not np.ndarray:  # converted once, and kept converted
-                    array = np.asarray(array)
-                if array.dtype not in _NATIVE:
-                    # Before anything is numbered: a refused dtype saves nothing of the put.
-                    _refuse_dtype(value.name, array.dtype)
-                kept.append((value.names, value.node, array, value.index))
+            # collection (and so every call) slower. A SavedBatch's names are its
+            # Saves' own tuples, shared by every call of the graph.
+            if type(values) is SavedBatch:  # the per-call path: no frame, nothing per value
+                names, nodes, indices = values.saves.names, values.saves.nodes, None
+                arrays = values.arrays
+            else:
+                names, nodes, arrays, indices = columns(values)
+            for array in arrays:
+                if type(array) is not np.ndarray or array.dtype not in _NATIVE:
+                    arrays = _converted(names, arrays)
+                    break
             order = calls.order.get(call, 0)
-            calls.order[call] = order + len(kept)
-            self._pending.append((call, graph_id, order, tuple(kept)))
+            calls.order[call] = order + len(arrays)
+            self._pending.append((call, graph_id, order, names, nodes, arrays, indices))
 
     def end_call(self, call: int) -> None:
         pass
@@ -186,20 +215,40 @@ class MemorySink:
         """The records of the values put since the last read, in the order they came, and
         their arrays as the files would hold them, read-only."""
         items = self._items
-        for call, graph_id, order, values in self._pending:
-            for position, (value_names, node, array, value_index) in enumerate(values):
-                names, index = tuple(value_names), tuple(int(i) for i in value_index)
-                key = tensor_key(names[0], call, index)
-                record = Record(key, names, node, call, order + position, graph_id, index)
+        for call, graph_id, order, names, nodes, arrays, indices in self._pending:
+            for position, array in enumerate(arrays):
+                value_names, index = tuple(names[position]), _index(indices, position)
+                key = tensor_key(value_names[0], call, index)
+                node = nodes[position]
+                record = Record(key, value_names, node, call, order + position, graph_id, index)
                 view = storable(array).view()
                 view.flags.writeable = False
                 items.append((record, view))
         self._pending.clear()
 
 
-# (call, graph id, order of its first value, per value (names, node, array, index)).
-_Put = tuple[int, int, int, tuple[tuple[Sequence[str], str, np.ndarray, Sequence[int]], ...]]
+# (call, graph id, order of its first value, then the put's columns: names, nodes,
+# arrays and indices).
+_Put = tuple[
+    int,
+    int,
+    int,
+    Sequence[Sequence[str]],
+    Sequence[str],
+    tuple[np.ndarray, ...],
+    Sequence[Sequence[int]] | None,
+]
 _NATIVE = frozenset(TO_NUMPY.values())  # the dtypes a file holds as they are
+
+
+def _converted(names: Sequence[Sequence[str]], arrays: tuple[Any, ...]) -> tuple[np.ndarray, ...]:
+    """The arrays of a put as numpy arrays (converted once, and kept converted); a dtype
+    no file can hold is refused before anything of the put is numbered."""
+    out = tuple(np.asarray(array) for array in arrays)
+    for value_names, array in zip(names, out, strict=True):
+        if array.dtype not in _NATIVE:
+            _refuse_dtype(value_names[0], array.dtype)
+    return out
 
 
 def _loader(array: np.ndarray) -> Callable[[], np.ndarray]:

@@ -80,6 +80,9 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         # The model's own forward hooks (the same dict, hooks added later included): the
         # traced graph is its forward, so they run around it, as model.__call__ runs them.
         self._root_hooks = forward_hooks_of(model)
+        # This module's own hooks (the live dicts, read by every call: looked up once).
+        self._own_hooks = forward_hooks_of(self)
+        self._own_pre_hooks = forward_pre_hooks(self)
         register_cache_pytrees(model)  # so that the first call's cache is keyed as later ones
         self._sink = sink
         self._select = select
@@ -169,7 +172,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             return self._compiled_call(args, kwargs)
         try:
             hooks = self._hooks
-            if hooks and not (forward_hooks_of(self) or forward_pre_hooks(self)):
+            if hooks and not (self._own_hooks or self._own_pre_hooks):
                 out = hooks.run(args, kwargs)  # the hook path, past nn.Module's dispatch
                 if not hooks.saved:
                     self._saved_nothing(tiers.Tier.HOOKS)
@@ -220,7 +223,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
 
     def _put_call(self, entry: Entry, saved: tuple[torch.Tensor, ...]) -> None:
         with SinkCall(self._sink) as call:
-            self._sink.put(call, entry.graph_id, saved_values(entry.targets, saved))
+            self._sink.put(call, entry.graph_id, saved_values(entry.targets, saved, entry.saves))
 
     def _saving_call(self, entry: Entry, inputs: tuple[Any, ...]) -> Any:
         with SinkCall(self._sink) as call:
@@ -233,7 +236,9 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             if entry.unverified and entry.targets:
                 entry.verify(inputs, raw, self.model)
             if entry.targets:
-                self._sink.put(call, entry.graph_id, saved_values(entry.targets, raw[1]))
+                self._sink.put(
+                    call, entry.graph_id, saved_values(entry.targets, raw[1], entry.saves)
+                )
         return entry.outputs(raw)
 
     def _first_call(self, entry: Entry, first: FirstRun) -> Any:
@@ -244,7 +249,9 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             if first.grads is not None:  # backward runs later: its taps put into this call
                 first.grads.emit = partial(self._put_grad, call, entry.graph_id)
             values = entry.lowered.first_values(first)
-            self._sink.put(call, entry.graph_id, saved_values(entry.targets, values, first=True))
+            self._sink.put(
+                call, entry.graph_id, saved_values(entry.targets, values, entry.saves, first=True)
+            )
         return outputs
 
     def _put_grad(

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from clouseau.capture.torch.lowering.lower import Lowered, SaveTarget
+from clouseau.capture.torch.runtime.host import saves_of
 from clouseau.capture.torch.runtime.signature import storage_of, tensors_of
 
 
@@ -31,6 +32,7 @@ class Entry:
         "outputs",
         "plain",
         "run",
+        "saves",
         "targets",
         "tier",
         "unverified",
@@ -55,6 +57,7 @@ class Entry:
         )
         self.outputs: Callable[[Any], Any] = lowered.outputs
         self.targets: tuple[SaveTarget, ...] = lowered.targets
+        self.saves = saves_of(self.targets)  # their names, once (verify keeps them)
         self.grads = bool(lowered.graph.grad_saves)
         # Nothing to save now or at backward: the call is the model's (interventions and
         # all), with no sink bookkeeping.

@@ -40,13 +40,13 @@ import torch
 from clouseau.capture.torch._compat import tensor_version
 from clouseau.capture.torch.flop_ops import category
 from clouseau.capture.torch.naming.points import PointNamer, element_names, element_paths
-from clouseau.capture.torch.runtime.host import to_numpy
+from clouseau.capture.torch.runtime.host import THROUGH_BITS, to_numpy
 from clouseau.capture.torch.tracing.specs import spec_of
 from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref, TraceKind
 from clouseau.ir.passes import insert_saves
 from clouseau.ir.selection import SelectLike, select_points
-from clouseau.ir.sink import SavedValue, Sink
+from clouseau.ir.sink import SavedBatch, Saves, Sink
 from clouseau.ir.verify import verify
 
 _WILD = re.compile(r"[*?\[]")
@@ -142,9 +142,26 @@ class _Hook:
         self.owner = weakref.ref(owner)
 
     def __call__(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        # Runs for every hooked module's every call: the owner's state is read here, not
+        # through a method (a Python frame per value less).
         owner = self.owner()
-        if owner is not None and owner._call is not None and owner._thread == get_ident():
-            owner._record(module, out)
+        if owner is None or owner._active != get_ident():  # no call open in this thread
+            return
+        where = owner._where.get(id(module))
+        if where is None:  # a copy of the model shares the hook
+            return
+        if owner._call == _DEFERRED:
+            owner._begin_deferred()
+        if isinstance(out, torch.Tensor):  # most modules: one value, no element walk
+            owner._met.append((where, (("", owner._value(out), out.dim(), out.dtype),)))
+            return
+        elements = tuple(
+            (s, owner._value(v), v.dim(), v.dtype)
+            for s, v in element_paths(out)
+            if isinstance(v, torch.Tensor)
+        )
+        if elements:
+            owner._met.append((where, elements))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Hook:
         return self
@@ -176,7 +193,10 @@ _DEFERRED = -1  # a first call not begun in the sink yet
 # dtype), ...)); the values, copied to the host, are listed once per call. The sequence
 # of a call's outputs is the key of its graph.
 _Met = tuple[tuple[str, str], tuple[tuple[str, int, int, Any], ...]]
-_Saves = tuple[tuple[int, str, tuple[str, ...]], ...]
+# What a sequence of module outputs saves, computed at its first call: the graph id, the
+# indices of the saved values among the call's (None: all of them, in order) and their
+# names and nodes.
+_Found = tuple[int, tuple[int, ...] | None, Saves]
 
 
 class ModuleHooks:
@@ -220,19 +240,25 @@ class ModuleHooks:
         self._installed = False
         # Per sequence of module outputs: its graph id and, per saved value, (index, node,
         # names); computed on the first call of the sequence.
-        self._graphs: dict[tuple[_Met, ...], tuple[int, _Saves]] = {}
-        self._last: tuple[list[_Met], tuple[int, _Saves]] | None = None
+        self._graphs: dict[tuple[_Met, ...], _Found] = {}
+        self._last: tuple[list[_Met], _Found] | None = None
         self._module_infos: tuple[ModuleInfo, ...] | None = None
         self.graphs = 0
         self.saved = 0  # how many values the latest call saved
         # The open call: set only while one runs, in the thread that runs it (the hooks
-        # ignore other threads, which may run the model itself meanwhile).
+        # ignore other threads, which may run the model itself meanwhile). ``_active`` is
+        # that thread while a call is open (the one check a hook makes), ``_thread`` the
+        # thread a root's call opens in (``installed``).
         self._thread: int | None = None
+        self._active: int | None = None
         self._call: int | None = None
         self._root: torch.nn.Module | None = None
         self._begun = False  # whether a call has begun in the sink
         self._met: list[_Met] = []
-        self._values: list[tuple[Any, torch.Tensor]] = []
+        # Per value of the open call: its host copy, and the tensor (kept alive till the
+        # call ends, so that no other tensor takes its id).
+        self._arrays: list[Any] = []
+        self._tensors: list[torch.Tensor] = []
         self._seen: dict[Any, int] = {}
         self._lock = threading.Lock()
 
@@ -288,11 +314,12 @@ class ModuleHooks:
         with self._lock:
             self._thread, self._call, self._root = get_ident(), call, None
             self._clear()
+            self._active = self._thread
             try:
                 yield
                 self._put(call)
             finally:
-                self._thread = self._call = None
+                self._thread = self._active = self._call = None
                 self._clear()
 
     def discard(self) -> None:
@@ -310,8 +337,9 @@ class ModuleHooks:
             self._thread = thread  # still installed: the next step is a call
 
     def _open(self, root: torch.nn.Module) -> None:
-        self._thread, self._root = get_ident(), root
-        if self._met or self._values:  # every end of a call clears them already
+        self._thread = self._active = get_ident()
+        self._root = root
+        if self._met or self._tensors:  # every end of a call clears them already
             self._clear()
         # The first call begins in the sink (which replaces an earlier capture at its
         # path) only at its first selected output: a rerun that fails before, on a wrong
@@ -331,44 +359,23 @@ class ModuleHooks:
             self._sink.fail_call(call, error)
             raise
         finally:
-            self._thread = self._call = self._root = None
+            self._thread = self._active = self._call = self._root = None
             self._clear()
         self._sink.end_call(call)
 
     def _abort(self, error: BaseException) -> None:
         if self._call is not None and self._call != _DEFERRED:
             self._sink.fail_call(self._call, error)
-        self._thread = self._call = self._root = None
+        self._thread = self._active = self._call = self._root = None
         self._clear()
 
     def _clear(self) -> None:
         # A new list of outputs met (the previous one may be ``_last``'s key); the values
-        # are emptied in place, their arrays already handed to the sink.
+        # are emptied in place, their arrays already handed to the sink (as a tuple).
         self._met = []
-        self._values.clear()
+        self._arrays.clear()
+        self._tensors.clear()
         self._seen.clear()
-
-    def _record(self, module: torch.nn.Module, out: Any) -> None:
-        where = self._where.get(id(module))
-        if where is None:
-            return
-        if self._call == _DEFERRED:
-            self._begin_deferred()
-        if isinstance(out, torch.Tensor):  # most modules: _value inline, a call less each
-            ident = (id(out), tensor_version(out))
-            found = self._seen.get(ident)
-            if found is None:
-                found = self._seen[ident] = len(self._values)
-                self._values.append((to_numpy(out), out))
-            self._met.append((where, (("", found, out.dim(), out.dtype),)))
-            return
-        elements = tuple(
-            (s, self._value(v), v.dim(), v.dtype)
-            for s, v in element_paths(out)
-            if isinstance(v, torch.Tensor)
-        )
-        if elements:
-            self._met.append((where, elements))
 
     def _value(self, t: torch.Tensor) -> int:
         """The index of ``t``'s value in this call, copied to the host on first sight.
@@ -380,14 +387,25 @@ class ModuleHooks:
         """
         # The object, not its memory: the call holds it, so its id is not reused.
         version = tensor_version(t)
+        tensors = self._tensors
         # An inference tensor counts no in-place op: each sighting is a value of its own.
-        ident = (id(t), version if version is not None else ~len(self._values))
+        ident = (id(t), version if version is not None else ~len(tensors))
         found = self._seen.get(ident)
         if found is None:
-            found = self._seen[ident] = len(self._values)
+            found = self._seen[ident] = len(tensors)
+            # The copy this hook exists for, inline in the common case (a CPU tensor that
+            # needs no grad: numpy() shares its memory, with no detached tensor made and
+            # dropped as numpy(force=True) does); to_numpy for the rest, and for a
+            # conjugate or negative bit, which numpy() refuses.
+            plain = not t.requires_grad and t.is_cpu and t.dtype not in THROUGH_BITS
+            try:
+                array = t.numpy().copy() if plain else to_numpy(t)
+            except RuntimeError:
+                array = to_numpy(t)
+            self._arrays.append(array)
             # The tensor itself too, till the call ends: its memory is not reused by
             # another tensor meanwhile, which would take its identity.
-            self._values.append((to_numpy(t), t))
+            tensors.append(t)
         return found
 
     def _put(self, call: int) -> None:
@@ -410,28 +428,32 @@ class ModuleHooks:
                     self._graphs.clear()
                 self._graphs[key] = found
             self._last = (met, found)
-        graph_id, saves = found
+        graph_id, take, saves = found
         self.saved = len(saves)
-        values = self._values
-        self._sink.put(call, graph_id, [SavedValue(n, node, values[i][0]) for i, node, n in saves])
+        arrays = self._arrays
+        picked = tuple(arrays) if take is None else tuple([arrays[i] for i in take])
+        self._sink.put(call, graph_id, SavedBatch(saves, picked))
 
-    def _graph(self, met: list[_Met]) -> tuple[int, _Saves]:
-        """The graph id of a new sequence of module outputs; per saved value, its index in
-        the call, its node and its selected names."""
+    def _graph(self, met: list[_Met]) -> _Found:
+        """The graph id of a new sequence of module outputs, the indices of the values it
+        saves among the call's, and their nodes and selected names."""
         namer = PointNamer(self._model)
         names = [namer.module_output(path) for (path, _), _ in met]
-        specs = [(t.shape, t.dtype) for _, t in self._values]
+        specs = [(t.shape, t.dtype) for t in self._tensors]
         values = _values(names, met, specs)
         graph = insert_saves(self._module_graph(values), self._select, strict=False)
         chosen = {p.name for p in select_points(graph, self._select, strict=False)}
-        saves = tuple(
+        saved = [
             (index, value_names[0], picked)
             for index, (value_names, _, _, _) in values.items()
             for picked in [tuple(n for n in value_names if n in chosen)]
             if picked
-        )
+        ]
+        take = tuple(index for index, _, _ in saved)
+        saves = Saves(tuple(n for _, _, n in saved), tuple(node for _, node, _ in saved))
         self.graphs += 1
-        return self._sink.add_graph(graph), saves
+        every = take == tuple(range(len(self._tensors)))
+        return self._sink.add_graph(graph), None if every else take, saves
 
     def _module_graph(self, values: dict[int, tuple[list[str], str, str, Any]]) -> Graph:
         # The inputs as one opaque value: module outputs are the points of this path.

@@ -12,14 +12,19 @@ import torch
 from clouseau.capture.torch.lowering.lower import SaveTarget
 from clouseau.capture.torch.tracing.specs import host_array
 from clouseau.ir.errors import CaptureError
-from clouseau.ir.sink import SavedValue
+from clouseau.ir.sink import SavedBatch, Saves
 
 
 def saved_values(
-    targets: tuple[SaveTarget, ...], values: tuple[Any, ...], *, first: bool = False
-) -> list[SavedValue]:
-    """The values one call saves, paired with their targets. ``first``: the first run's
-    values, private to it (no host copy needed)."""
+    targets: tuple[SaveTarget, ...],
+    values: tuple[Any, ...],
+    saves: Saves,
+    *,
+    first: bool = False,
+) -> SavedBatch:
+    """The values one call saves, paired with their targets (whose names and nodes are
+    ``saves``, made once per entry: :func:`saves_of`). ``first``: the first run's values,
+    private to it (no host copy needed)."""
     out = []
     # Runs in every call: a dense tensor of a numpy dtype is converted inline (to_numpy's
     # common case, one call fewer per value); anything else goes through _host.
@@ -32,8 +37,13 @@ def saved_values(
                 array = np.asarray(array, order="C")
         else:
             array = _host(target, value, copy=target.host_copy and not first)
-        out.append(SavedValue(target.names, target.node, array))
-    return out
+        out.append(array)
+    return SavedBatch(saves, tuple(out))
+
+
+def saves_of(targets: tuple[SaveTarget, ...]) -> Saves:
+    """The names and nodes of ``targets``, as a sink takes them with each call's arrays."""
+    return Saves(tuple(t.names for t in targets), tuple(t.node for t in targets))
 
 
 def _host(target: SaveTarget, value: Any, *, copy: bool) -> np.ndarray:
@@ -52,6 +62,10 @@ _BITS = {
     torch.float8_e4m3fn: (torch.uint8, ml_dtypes.float8_e4m3fn),
     torch.float8_e5m2: (torch.uint8, ml_dtypes.float8_e5m2),
 }
+
+
+#: The torch dtypes numpy has not, which go to the host through their integer bits.
+THROUGH_BITS = frozenset(_BITS)
 
 
 def to_numpy(t: torch.Tensor, *, copy: bool = True) -> np.ndarray:
