@@ -159,7 +159,7 @@ def memory(cfg: Config) -> Report:
     case = Case(cfg)
     report = Report(
         name="peers-memory",
-        title=f"Peers in memory: 12 module outputs, and every point ({case.shape})",
+        title=f"Peers in memory: 12 module outputs, every module, every point ({case.shape})",
         description=__doc__.split("\n\n")[1].replace("\n", " "),
         plain=PLAIN,
     )
@@ -229,7 +229,11 @@ def disk(cfg: Config) -> Report:
         "capture). *removed*: the files are deleted after every sample, so the kernel frees "
         "their pages; *kept*: every sample's files stay until the end, so dirty pages pile "
         "up and write-back runs under the writes. Every step ends with its data written "
-        "(`fmodel.flush()`).",
+        "(`fmodel.flush()`). Each floor and its clouseau run as a pair of their own, "
+        "alternating which goes first, so that neither always pays for the other's dirty "
+        "pages. The floors match clouseau's files: the same bytes, one file per call, no "
+        "fsync; their writes (one per tensor, up to 4 MiB here) and clouseau's (1 MiB) cost "
+        "the same system time on this disk (docs/performance.md).",
         plain=PLAIN,
     )
     counter = iter(range(10**9))
