@@ -34,7 +34,10 @@ GENERATIVE = ("causal-lm", "seq2seq-lm", "speech-seq2seq")
 
 WIDTH, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 32, 2, 1, 64, 128, 2
 IMAGE, PATCH = 32, 8
+MROPE_RATIO = (2, 3, 3)  # qwen2_vl's and glm4v's default M-RoPE sections, (16, 24, 24)
+HORIZON = 4  # a time-series model's prediction length, where its config leaves it unset
 IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
+IMAGE_INPUTS = ("pixel_values", "image_sizes", "image_grid_thw")  # get_image_features reads
 TOP_K = ("num_experts_per_tok", "top_k", "moe_topk", "num_selected_experts", "moe_k",
          "num_experts_per_token")  # fmt: skip
 LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers",
@@ -43,7 +46,7 @@ LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder
 SHRINK: dict[str, Any] = {
     **dict.fromkeys(("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "n_embed",
                      "d_embed", "word_embed_proj_dim", "projection_dim", "text_embed_dim",
-                     "vision_embed_dim"), WIDTH),
+                     "vision_embed_dim", "out_hidden_size"), WIDTH),
     **dict.fromkeys(("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads",
                      "decoder_attention_heads", "n_heads", "attention_heads"), HEADS),
     **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads",
@@ -68,7 +71,11 @@ SHRINK: dict[str, Any] = {
     "vocab_size": VOCAB,
     "image_size": IMAGE,
     "patch_size": PATCH,
+    # an image's tokens: one per patch at most (gemma3 pools patches by their ratio)
+    "mm_tokens_per_image": (IMAGE // PATCH) ** 2,
     "num_mel_bins": 16,
+    # a spectrogram model's fixed frame count (audio-spectrogram-transformer)
+    "max_length": 32,
     "max_source_positions": 16,
     "max_target_positions": 64,
     # rotary width at most a head's (16): codegen, gptj
@@ -78,6 +85,9 @@ SHRINK: dict[str, Any] = {
     "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
     "v_head_dim": 16,
     "first_k_dense_replace": 1,
+    # Autoformer's decoder starts from the context's last `label_length` steps: at most
+    # the context (the prediction length, HORIZON, where the config leaves it unset)
+    "label_length": HORIZON,
     "num_labels": 3,
 }  # fmt: skip
 # List fields: one entry per stage, shrunk to small values, as many stages as before.
@@ -147,6 +157,7 @@ def tiny_config(model_type: str) -> Any:
     default = cls()
     changes = _shrunk(default.to_dict(), OVERRIDES.get(model_type, {}))
     config = cls(**changes)
+    _with_mrope(config)
     config._attn_implementation = "eager"
     return config
 
@@ -177,6 +188,13 @@ def _shrunk(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]
         changes["mamba_n_heads"] = _mamba_heads(values, changes)
         if isinstance(values.get("mamba_d_ssm"), int) and "mamba_d_head" in changes:  # falcon_h1
             changes["mamba_d_ssm"] = changes["mamba_n_heads"] * changes["mamba_d_head"]
+    pinpoints, vision = values.get("image_grid_pinpoints"), values.get("vision_config") or {}
+    if pinpoints and isinstance(vision.get("image_size"), int):  # llava_next: in image tiles
+        tile = vision["image_size"]
+        changes["image_grid_pinpoints"] = [[h // tile * IMAGE, w // tile * IMAGE]
+                                           for h, w in pinpoints]  # fmt: skip
+    if "prediction_length" in values and values["prediction_length"] is None:
+        changes["prediction_length"] = HORIZON  # time-series transformers leave it unset
     if "head_dim" in values and values["head_dim"] is None:  # hunyuan, ministral need it set
         changes["head_dim"] = WIDTH // HEADS
     for key, period in values.items():  # jamba: a layer kind every `period` from `offset`
@@ -193,6 +211,25 @@ def _shrunk(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]
     changes.update(_per_layer(values, changes))
     changes.update(overrides)
     return changes
+
+
+def _with_mrope(config: Any) -> None:
+    """Multimodal RoPE's sections (frames, rows, columns), which qwen2_vl and glm4v read
+    from ``rope_parameters`` or else from their modeling code's default for the full-size
+    head: in the same ratio, summing to the shrunk head's rotary half-width."""
+    subs = [config, *(getattr(config, k, None) for k in getattr(config, "sub_configs", {}))]
+    for sub in subs:
+        rope = getattr(sub, "rope_parameters", None)
+        if "mrope_section" not in getattr(sub, "ignore_keys_at_rope_validation", ()) or (
+            not isinstance(rope, dict)
+        ):
+            continue
+        head = getattr(sub, "head_dim", None) or sub.hidden_size // sub.num_attention_heads
+        rotary = rope.get("partial_rotary_factor", getattr(sub, "partial_rotary_factor", 1.0))
+        total = int(head * (rotary or 1.0)) // 2
+        old = rope.get("mrope_section") or MROPE_RATIO
+        sections = [max(1, part * total // sum(old)) for part in old[:-1]]
+        rope["mrope_section"] = [*sections, total - sum(sections)]
 
 
 def _mamba_heads(values: dict[str, Any], changes: dict[str, Any]) -> int:
@@ -298,14 +335,17 @@ def _with_image_tokens(model: torch.nn.Module, call: Call) -> Call:
     features = getattr(model, "get_image_features", None)
     if token is None or features is None or not {"pixel_values", "input_ids"} <= set(kwargs):
         return call
+    images = {k: v for k, v in kwargs.items() if k in IMAGE_INPUTS}
     try:
         with torch.no_grad():
-            count = _rows(features(pixel_values=kwargs["pixel_values"]))
+            count = _rows(features(**images))
     except Exception:  # the model's own error shows when it is called
         return call
     ids = kwargs["input_ids"]
     ids = torch.cat([ids[:, :1], torch.full((1, count), token), ids[:, 1:]], dim=1)
     mask = {"attention_mask": torch.ones_like(ids)} if "attention_mask" in kwargs else {}
+    if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
+        mask["mm_token_type_ids"] = (ids == token).long()  # qwen2_vl's M-RoPE: 1 for images
     return args, {**kwargs, "input_ids": ids, **mask}
 
 
@@ -332,6 +372,63 @@ def _runs(model: torch.nn.Module, call: Call) -> bool:
 def _frames_first(call: Call) -> Call:
     args, kwargs = call
     return args, {**kwargs, "input_features": kwargs["input_features"].transpose(1, 2)}
+
+
+def _series(config: Any, model: torch.nn.Module, batch: int, generator: Any) -> dict[str, Any]:
+    """A time series' inputs: the context and the lags read before it (values and their
+    observed mask), and, where the model takes them, the time features of the past and
+    of the horizon (the future's values decode, as in training)."""
+    parameters = inspect.signature(model.forward).parameters
+    past = config.context_length + max(getattr(config, "lags_sequence", None) or [0])
+    channels = getattr(config, "input_size", None) or getattr(config, "num_input_channels", 1)
+    lagged = "past_time_features" in parameters  # the GluonTS-style models (1-d series)
+    shape = (batch, past) if lagged and channels == 1 else (batch, past, channels)
+    values = torch.randn(*shape, generator=generator)
+    mask = "past_observed_mask" if "past_observed_mask" in parameters else "observed_mask"
+    series = {"past_values": values, mask: torch.ones_like(values)}
+    if lagged:
+        features = config.num_time_features  # may be 0: the config counts them
+        horizon = config.prediction_length
+        series["past_time_features"] = torch.randn(batch, past, features, generator=generator)
+        series["future_time_features"] = torch.randn(batch, horizon, features,
+                                                     generator=generator)  # fmt: skip
+        series["future_values"] = torch.randn(batch, horizon, *shape[2:], generator=generator)
+    return series
+
+
+def _flat_patches(vision: Any, generator: Any) -> dict[str, Any]:
+    """One image as a Qwen2-VL-style processor writes it: a row per patch (channels times
+    frames times pixels), and its grid (frames, rows, columns) in patches."""
+    patch, frames = vision.patch_size, getattr(vision, "temporal_patch_size", 1)
+    channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", 3)
+    side = getattr(vision, "image_size", IMAGE)
+    side = (side if isinstance(side, int) else IMAGE) // patch
+    rows = torch.randn(side * side, channels * frames * patch * patch, generator=generator)
+    return {"pixel_values": rows, "image_grid_thw": torch.tensor([[1, side, side]])}
+
+
+def _reads_image_sizes(model: torch.nn.Module) -> bool:
+    """Whether the model reads ``image_sizes``: anyres tiles (llava_next), or a vision
+    tower that takes them (mistral3's Pixtral); llava's CLIP tower refuses them."""
+    config = model.config
+    if getattr(config, "image_grid_pinpoints", None):
+        return True
+    towers = [m for m in model.modules() if getattr(m, "config", None) is config.vision_config]
+    return any("image_sizes" in inspect.signature(m.forward).parameters for m in towers)
+
+
+def _tiled(config: Any, image: torch.Tensor) -> torch.Tensor:
+    """An image as anyres models read it (llava_next's ``image_grid_pinpoints``): the tiles
+    of the grid its size picks, after the whole image resized, as the processor cuts them;
+    other models take the image as it is."""
+    pinpoints = getattr(config, "image_grid_pinpoints", None)
+    if not pinpoints:
+        return image
+    from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+
+    size = image.shape[-1]
+    tiles = image_size_to_num_patches((size, size), pinpoints, size)
+    return image[:, None].expand(-1, tiles, -1, -1, -1).contiguous()
 
 
 def _sub(config: Any, *names: str) -> Any:
@@ -369,6 +466,16 @@ def inputs(model: torch.nn.Module, length: int, *, for_generate: bool = False) -
         if getattr(config, "model_type", "") != "whisper":
             frames = 8 * length
         kwargs["input_features"] = torch.randn(1, mels, frames, generator=generator)
+    elif main == "past_values":  # a time series: the config fixes its lengths, not the batch
+        kwargs.update(_series(config, model, 1 if length == SEQ[0] else 2, generator))
+    elif (
+        main == "input_values"
+        and isinstance(getattr(config, "max_length", None), int)
+        and (isinstance(getattr(config, "num_mel_bins", None), int))
+    ):  # a spectrogram of fixed frames and mel bins (its positions are learnt per patch)
+        batch = 1 if length == SEQ[0] else 2
+        kwargs["input_values"] = torch.randn(batch, config.max_length, config.num_mel_bins,
+                                             generator=generator)  # fmt: skip
     elif main == "input_values":
         kwargs["input_values"] = torch.randn(1, 400 * length, generator=generator)
     else:
@@ -380,6 +487,11 @@ def inputs(model: torch.nn.Module, length: int, *, for_generate: bool = False) -
         size = getattr(vision, "image_size", IMAGE)
         kwargs["pixel_values"] = torch.randn(1, getattr(vision, "num_channels", 3), size, size,
                                              generator=generator)  # fmt: skip
+        if "image_grid_thw" in parameters:  # qwen2_vl, glm4v: patches, flat, and their grid
+            kwargs.update(_flat_patches(vision, generator))
+        if "image_sizes" in parameters and _reads_image_sizes(model):
+            kwargs["image_sizes"] = torch.tensor([[size, size]])  # each image's own size
+            kwargs["pixel_values"] = _tiled(config, kwargs["pixel_values"])
     if "bbox" in parameters and "input_ids" in kwargs:  # layout models: a box per token
         corner = torch.randint(0, 64, (1, length, 2), generator=generator)
         kwargs["bbox"] = torch.cat([corner, corner + torch.randint(1, 32, (1, length, 2),

@@ -57,15 +57,26 @@ TV_OPTIONS: dict[str, dict[str, Any]] = {
     "googlenet": {"aux_logits": False, "init_weights": False},
     "quantized_googlenet": {"aux_logits": False, "init_weights": False},
 }
+# Few detections per image: random weights pass every score threshold, so each image keeps
+# as many as the model allows (100 to 300), and Mask R-CNN pastes each mask in a Python
+# loop (its eager calls alone took 60 s of CPU, its traces 122 Dynamo regions).
+TV_DETECTIONS: dict[tuple[str, ...], dict[str, Any]] = {
+    ("fasterrcnn", "maskrcnn", "keypointrcnn"): {
+        "box_detections_per_img": 8, "rpn_pre_nms_top_n_test": 64, "rpn_post_nms_top_n_test": 64},
+    ("retinanet", "fcos", "ssd"): {"detections_per_img": 8, "topk_candidates": 64},
+}  # fmt: skip
 TV_SIZES = {"inception_v3": 75, "quantized_inception_v3": 75, "maxvit_t": 224}
 TV_FIXED_224 = ("vit_", "swin_", "swin_v2")
-TV_VIDEO = {"mvit_v1_b": (16, 224), "mvit_v2_s": (16, 224), "s3d": (8, 64)}
+# S3D pools (2, 7, 7) at the end, after an 8-fold time and 32-fold space reduction
+TV_VIDEO = {"mvit_v1_b": (16, 224), "mvit_v2_s": (16, 224), "s3d": (16, 224)}
 
 
 def torchvision_case(name: str) -> TorchCase:
     torchvision = _import_torchvision()
     kind = torchvision_kind(name)
     options = {**TV_OPTIONS.get(kind, {}), **TV_OPTIONS.get(name, {})}
+    for prefixes, fewer in TV_DETECTIONS.items():
+        options.update(fewer if name.startswith(prefixes) else {})
     if name.startswith("ssd"):  # SSD fixes its transform's size itself (300 or 320)
         options = {k: v for k, v in options.items() if k not in ("min_size", "max_size")}
     with warnings.catch_warnings():

@@ -50,7 +50,10 @@ def test_conformer_features_are_frames_first() -> None:
         case.model(**kwargs)  # runs: the frames-first layout is the model's own
 
 
-@pytest.mark.parametrize("model_type", ["llava", "paligemma"])
+# llava_next: anyres tiles and image_sizes; mistral3: Pixtral reads image_sizes; qwen2_vl,
+# glm4v: flat patches, their grid and multimodal RoPE sections for the shrunk head
+@pytest.mark.parametrize("model_type", ["llava", "paligemma", "llava_next", "mistral3",
+                                        "qwen2_vl", "glm4v"])  # fmt: skip
 def test_a_vision_language_call_has_a_placeholder_per_image_feature(model_type: str) -> None:
     case = hf.build(model_type, "image-text-to-text")
     for _, kwargs in case.calls:
@@ -68,3 +71,23 @@ def test_mamba_heads_and_per_layer_counts_fit_the_shrunk_width(model_type: str) 
     case = hf.build(model_type, task)
     with torch.no_grad():
         case.model(*case.calls[0][0], **case.calls[0][1])
+
+
+@pytest.mark.parametrize(
+    ("model_type", "task"),
+    [
+        ("gemma3", "causal-lm"),  # its image pooling's stride: patches per side / tokens per side
+        ("autoformer", "base"),  # time series: prediction_length set, past_values and lags
+        ("time_series_transformer", "base"),
+        ("patchtst", "base"),  # time series of (batch, context, channels)
+        ("audio-spectrogram-transformer", "audio-classification"),  # (batch, frames, mels)
+    ],
+)
+def test_a_tiny_model_runs_at_both_shapes(model_type: str, task: str) -> None:
+    case = hf.build(model_type, task)
+    shapes = []
+    for args, kwargs in case.calls:
+        with torch.no_grad():
+            case.model(*args, **kwargs)
+        shapes.append([tuple(v.shape) for v in kwargs.values() if isinstance(v, torch.Tensor)])
+    assert shapes[0] != shapes[1]  # two calls, two shapes

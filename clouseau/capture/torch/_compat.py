@@ -134,6 +134,16 @@ def check_export_inputs(
     _check_input_constraints_for_graph(placeholders, flat_args_with_path, range_constraints)
 
 
+def clear_dimension_marks(tensor: torch.Tensor) -> None:
+    """Drop the marks ``torch.export(dynamic_shapes=Dim.AUTO)`` puts on an input tensor
+    (``maybe_mark_dynamic``'s attributes). torch removes them after an export that
+    succeeds only: after one that fails, a static export of the same tensor (and a later
+    ``torch.compile`` of the user's call) would still read its dimensions as dynamic."""
+    from torch._export.non_strict_utils import _clean_dynamic_markers
+
+    _clean_dynamic_markers(tensor)
+
+
 def tree_flatten_with_path(tree: Any) -> tuple[list[Any], TreeSpec]:
     return _pytree.tree_flatten_with_path(tree)
 

@@ -21,6 +21,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from clouseau.capture.torch._compat import (
     check_export_inputs,
+    clear_dimension_marks,
     pytree_children,
     register_cache_pytrees,
     tree_flatten,
@@ -187,9 +188,17 @@ def _export(
         with marking(model) as marks:
             return torch.export.export(model, args, kwargs, strict=False), marks
     try:
-        with marking(model) as marks:
-            dynamic = _dynamic_shapes(model, args, kwargs)
-            ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic, strict=False)
+        try:
+            with marking(model) as marks:
+                dynamic = _dynamic_shapes(model, args, kwargs)
+                ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic, strict=False)
+        finally:
+            # A failed export leaves its dynamic-dimension marks on the inputs: the static
+            # export would read them and fail alike (timm's CPUBone took the dynamic tier),
+            # and so would the user's own torch.compile of these tensors.
+            for leaf in tree_flatten((args, kwargs))[0]:
+                if isinstance(leaf, torch.Tensor):
+                    clear_dimension_marks(leaf)
     except Exception as error:
         if "data-dependent" in str(error):
             raise  # the model's own control flow: a static export fails alike
