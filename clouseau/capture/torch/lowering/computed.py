@@ -32,7 +32,7 @@ def kernel_attrs(fx_node: fx.Node, op: str) -> tuple[tuple[str, AttrValue], ...]
     """The options of a ``scaled_dot_product_attention`` call, as IR attrs (else none)."""
     if op != "scaled_dot_product_attention" or fx_node.op != "call_function":
         return ()
-    bound = dict(zip(_SDPA_ARGS, fx_node.args, strict=False)) | dict(fx_node.kwargs)
+    bound = _bound(fx_node)
     nodes = [a for a in fx_node.args[:3] if isinstance(a, fx.Node)]
     mask = bound.get("attn_mask")
     scale = bound.get("scale")
@@ -45,6 +45,11 @@ def kernel_attrs(fx_node: fx.Node, op: str) -> tuple[tuple[str, AttrValue], ...]
         ("dropout_p", float(bound.get("dropout_p", 0.0) or 0.0)),
         ("enable_gqa", bool(bound.get("enable_gqa", False))),
     )
+
+
+def _bound(fx_node: fx.Node) -> dict[str, Any]:
+    """A ``scaled_dot_product_attention`` call's arguments by name."""
+    return dict(zip(_SDPA_ARGS, fx_node.args, strict=False)) | dict(fx_node.kwargs)
 
 
 def _mask_fill(x: torch.Tensor, mask: torch.Tensor, value: float) -> torch.Tensor:
@@ -200,6 +205,37 @@ def _bias_node(graph: fx.Graph, mask: fx.Node, scores: TensorSpec | None) -> fx.
     return _shared(graph, mask, _mask_bias, dtype if dtype.is_floating_point else torch.float32)
 
 
+def _kernel_mask(bias: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """What a ``scaled_dot_product_attention`` call given boolean ``mask`` reads instead.
+
+    On a CPU, ``bias`` (:func:`_mask_bias`, shared with the pattern): the float mask the
+    kernel converts a boolean one to on every call, so the same backend (its choice reads
+    the mask's shape, not its dtype) computes on the same values, bitwise the same
+    output, without the conversion. Elsewhere the mask itself (a GPU's backend choice may
+    read the mask's dtype).
+    """
+    return bias if bias.device.type == "cpu" and mask.dtype == torch.bool else mask
+
+
+def _kernel_reads_bias(
+    graph: fx.Graph, kernel: fx.Node | None, mask: fx.Node, bias: fx.Node
+) -> None:
+    """Have ``kernel``, a ``scaled_dot_product_attention`` call given ``mask`` without
+    dropout, read :func:`_kernel_mask` of ``mask``'s bias (the bias's dtype is the
+    query's)."""
+    name = str(getattr(kernel, "target", ""))
+    if kernel is None or kernel.op != "call_function" or "scaled_dot_product_attention" not in name:
+        return
+    bound = _bound(kernel)
+    if bound.get("attn_mask") is not mask or float(bound.get("dropout_p", 0.0) or 0.0) != 0.0:
+        return
+    read = _shared(graph, bias, _kernel_mask, mask)
+    if "attn_mask" in kernel.kwargs:
+        kernel.update_kwarg("attn_mask", read)
+    else:
+        kernel.update_arg(_SDPA_ARGS.index("attn_mask"), read)
+
+
 def _emit_inplace(
     graph: fx.Graph, op: Op, args: list[Any], attrs: Mapping[str, Any], out: TensorSpec | None
 ) -> fx.Node | None:
@@ -262,7 +298,10 @@ def lower_computed(
         if step.name in skipped:
             continue
         if step.name in fused:
-            env[step.name] = _emit_scores(graph, program, fused[step.name], env)
+            kernel = keys.get(str(node.attr("kernel")))
+            env[step.name] = _emit_scores(
+                graph, program, fused[step.name], env, by_key.get(kernel or "")
+            )
             for name in fused[step.name][1:]:
                 env[name] = env[step.name]
             continue
@@ -344,15 +383,26 @@ def _fusable_mask(program: Graph, fill: Node, before: int) -> bool:
 
 
 def _emit_scores(
-    graph: fx.Graph, program: Graph, run: tuple[str, str, str], env: Mapping[str, fx.Node]
+    graph: fx.Graph,
+    program: Graph,
+    run: tuple[str, str, str],
+    env: Mapping[str, fx.Node],
+    kernel: fx.Node | None,
 ) -> fx.Node:
+    """One :func:`_scores` call for ``run``; a boolean mask's bias is also what ``kernel``
+    (the fused attention the pattern is computed beside) reads, where its dtype is the
+    query's."""
     matmul, scale, fill = (program.node(name) for name in run)
     q, kt = (env[r.node] for r in matmul.inputs)
     factor = float(scale.attr("scalar"))  # type: ignore[arg-type]
     if fill.op == Op.CAUSAL_FILL.value:
         node = graph.call_function(_scores_causal, (q, kt, factor, fill.attr("offset")))
     elif fill.op == Op.MASK_FILL.value:
-        bias = _bias_node(graph, env[fill.inputs[1].node], _spec(program, fill.name))
+        mask, spec = env[fill.inputs[1].node], _spec(program, fill.name)
+        bias = _bias_node(graph, mask, spec)
+        query = _spec(program, matmul.inputs[0].node)
+        if spec is not None and query is not None and spec.dtype == query.dtype:
+            _kernel_reads_bias(graph, kernel, mask, bias)
         node = graph.call_function(_scores, (q, kt, factor, bias))
     else:
         node = graph.call_function(_scores, (q, kt, factor, env[fill.inputs[1].node]))
