@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import clouseau
-from clouseau.capture.torch.lowering.computed import _kernel_mask, _mask_bias
+from clouseau.capture.torch.lowering.computed import _mask_bias
+from clouseau.capture.torch.lowering.kernel import kernel_mask
 from clouseau.capture.torch.lowering.lower import lower
 from tests.canonical.families import FAMILIES, first_tensor
 
@@ -36,7 +37,11 @@ def _masks(kind: str, b: int, q: int, k: int) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     ("dtype", "backend"),
-    list(itertools.product((torch.float32, torch.bfloat16, torch.float64), (None, "math"))),
+    list(
+        itertools.product(
+            (torch.float32, torch.bfloat16, torch.float16, torch.float64), (None, "math")
+        )
+    ),
 )
 def test_sdpa_reads_the_bias_of_a_boolean_mask_bitwise(
     dtype: torch.dtype, backend: str | None
@@ -64,12 +69,12 @@ def test_sdpa_reads_the_bias_of_a_boolean_mask_bitwise(
 def test_kernel_reads_the_boolean_mask_off_a_cpu() -> None:
     mask = torch.ones(1, 1, 3, 3, dtype=torch.bool).tril()
     bias = _mask_bias(mask, torch.float32)
-    assert _kernel_mask(bias, mask) is bias
+    assert kernel_mask(bias, mask) is bias
     # A GPU's backend choice may read the mask's dtype: there the kernel keeps its mask.
     meta_mask, meta_bias = mask.to("meta"), bias.to("meta")
-    assert _kernel_mask(meta_bias, meta_mask) is meta_mask
+    assert kernel_mask(meta_bias, meta_mask) is meta_mask
     floats = torch.zeros(1, 1, 3, 3)  # a float mask is the kernel's own: never swapped
-    assert _kernel_mask(bias, floats) is floats
+    assert kernel_mask(bias, floats) is floats
 
 
 def test_gpt2_mask_bias_built_once_and_read_by_each_kernel() -> None:
@@ -79,7 +84,7 @@ def test_gpt2_mask_bias_built_once_and_read_by_each_kernel() -> None:
     lowered = lower(model, (), GPT2.inputs(), ["blocks.*.attn.pattern"])
     gm = lowered.module
     (bias,) = _targets(gm, _mask_bias)  # one mask, two blocks: one bias
-    (swap,) = _targets(gm, _kernel_mask)
+    (swap,) = _targets(gm, kernel_mask)
     kernels = [n for n in gm.graph.nodes if "scaled_dot_product_attention" in str(n.target)]
     assert len(kernels) == model.config.n_layer
     for kernel in kernels:

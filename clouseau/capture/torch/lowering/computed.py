@@ -1,13 +1,12 @@
-"""Lower computed points (:mod:`clouseau.ir.computed`) to fx nodes, and a fused kernel's options.
+"""Lower computed points (:mod:`clouseau.ir.computed`) to fx nodes.
 
 A computed point becomes fx ``call_function`` nodes right after its last input, emitted
 only for points a save reads: the model's own nodes are untouched, so its outputs stay
 bitwise. A run ``matmul -> scale -> mask`` (a pattern's scores) is one ``baddbmm`` onto
 the mask's bias, one pass over the scores instead of three; a boolean mask's bias, and
 whether it leaves a row empty, are computed once per mask, not once per attention that
-reads it (every block of a decoder reads one). :func:`kernel_attrs` records
-what a computed attention pattern needs from a ``scaled_dot_product_attention`` call
-(its scale, causality, mask and dropout).
+reads it (every block of a decoder reads one). The fused kernel a pattern
+is computed beside reads that bias too, where it can (:mod:`.kernel`).
 """
 
 from __future__ import annotations
@@ -20,36 +19,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from clouseau.capture.torch.lowering.kernel import kernel_mask, read_mask, reads_mask
 from clouseau.ir.computed import Op, program_of
-from clouseau.ir.graph import AttrValue, Graph, Node, NodeKind, TensorSpec
+from clouseau.ir.graph import Graph, Node, NodeKind, TensorSpec
 
-_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 #: fx meta key of the nodes a computed point's lowering adds.
 COMPUTED_META = "clouseau_computed"
-
-
-def kernel_attrs(fx_node: fx.Node, op: str) -> tuple[tuple[str, AttrValue], ...]:
-    """The options of a ``scaled_dot_product_attention`` call, as IR attrs (else none)."""
-    if op != "scaled_dot_product_attention" or fx_node.op != "call_function":
-        return ()
-    bound = _bound(fx_node)
-    nodes = [a for a in fx_node.args[:3] if isinstance(a, fx.Node)]
-    mask = bound.get("attn_mask")
-    scale = bound.get("scale")
-    if len(nodes) != 3 or not (scale is None or isinstance(scale, int | float)):
-        return ()
-    return (
-        ("scale", None if scale is None else float(scale)),
-        ("is_causal", bool(bound.get("is_causal", False))),
-        ("mask", 3 if isinstance(mask, fx.Node) else -1),
-        ("dropout_p", float(bound.get("dropout_p", 0.0) or 0.0)),
-        ("enable_gqa", bool(bound.get("enable_gqa", False))),
-    )
-
-
-def _bound(fx_node: fx.Node) -> dict[str, Any]:
-    """A ``scaled_dot_product_attention`` call's arguments by name."""
-    return dict(zip(_SDPA_ARGS, fx_node.args, strict=False)) | dict(fx_node.kwargs)
 
 
 def _mask_fill(x: torch.Tensor, mask: torch.Tensor, value: float) -> torch.Tensor:
@@ -203,37 +178,6 @@ def _bias_node(graph: fx.Graph, mask: fx.Node, scores: TensorSpec | None) -> fx.
     spec ``scores`` (float32 where it is not known)."""
     dtype = getattr(torch, scores.dtype.value) if scores is not None else torch.float32
     return _shared(graph, mask, _mask_bias, dtype if dtype.is_floating_point else torch.float32)
-
-
-def _kernel_mask(bias: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """What a ``scaled_dot_product_attention`` call given boolean ``mask`` reads instead.
-
-    On a CPU, ``bias`` (:func:`_mask_bias`, shared with the pattern): the float mask the
-    kernel converts a boolean one to on every call, so the same backend (its choice reads
-    the mask's shape, not its dtype) computes on the same values, bitwise the same
-    output, without the conversion. Elsewhere the mask itself (a GPU's backend choice may
-    read the mask's dtype).
-    """
-    return bias if bias.device.type == "cpu" and mask.dtype == torch.bool else mask
-
-
-def _kernel_reads_bias(
-    graph: fx.Graph, kernel: fx.Node | None, mask: fx.Node, bias: fx.Node
-) -> None:
-    """Have ``kernel``, a ``scaled_dot_product_attention`` call given ``mask`` without
-    dropout, read :func:`_kernel_mask` of ``mask``'s bias (the bias's dtype is the
-    query's)."""
-    name = str(getattr(kernel, "target", ""))
-    if kernel is None or kernel.op != "call_function" or "scaled_dot_product_attention" not in name:
-        return
-    bound = _bound(kernel)
-    if bound.get("attn_mask") is not mask or float(bound.get("dropout_p", 0.0) or 0.0) != 0.0:
-        return
-    read = _shared(graph, bias, _kernel_mask, mask)
-    if "attn_mask" in kernel.kwargs:
-        kernel.update_kwarg("attn_mask", read)
-    else:
-        kernel.update_arg(_SDPA_ARGS.index("attn_mask"), read)
 
 
 def _emit_inplace(
@@ -401,8 +345,9 @@ def _emit_scores(
         mask, spec = env[fill.inputs[1].node], _spec(program, fill.name)
         bias = _bias_node(graph, mask, spec)
         query = _spec(program, matmul.inputs[0].node)
-        if spec is not None and query is not None and spec.dtype == query.dtype:
-            _kernel_reads_bias(graph, kernel, mask, bias)
+        same = spec is not None and query is not None and spec.dtype == query.dtype
+        if same and reads_mask(kernel, mask):  # the kernel reads the bias too, where it can
+            read_mask(kernel, _shared(graph, bias, kernel_mask, mask))
         node = graph.call_function(_scores, (q, kt, factor, bias))
     else:
         node = graph.call_function(_scores, (q, kt, factor, env[fill.inputs[1].node]))

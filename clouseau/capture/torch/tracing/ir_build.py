@@ -22,7 +22,7 @@ from clouseau.capture._common import (
 from clouseau.capture.torch._quiet import quiet_export
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.flop_ops import category
-from clouseau.capture.torch.lowering.computed import kernel_attrs
+from clouseau.capture.torch.lowering.kernel import kernel_attrs
 from clouseau.capture.torch.runtime.tiers import Tier
 from clouseau.capture.torch.tracing.export import trace_export
 from clouseau.capture.torch.tracing.fx import trace_fx
