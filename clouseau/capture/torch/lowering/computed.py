@@ -3,8 +3,11 @@
 A computed point becomes fx ``call_function`` nodes right after its last input, emitted
 only for points a save reads: the model's own nodes are untouched, so its outputs stay
 bitwise. A run ``matmul -> scale -> mask`` (a pattern's scores) is one ``baddbmm`` onto
-the mask's bias, one pass over the scores instead of three. What a computed attention
-pattern needs from a ``scaled_dot_product_attention`` call (its scale, causality, mask and
+the mask's bias, one pass over the scores instead of three; a boolean mask's bias, and
+whether it leaves a row empty, are computed once per mask, not once per attention that
+reads it (every block of a decoder reads one). The fused kernel a pattern
+is computed beside reads that bias too, where it can (:mod:`.kernel`). What a pattern
+needs from a ``scaled_dot_product_attention`` call (its scale, causality, mask and
 dropout) the IR builder records (``tracing/ir_build.py``).
 """
 
@@ -18,6 +21,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from clouseau.capture.torch.lowering.kernel import kernel_mask, read_mask, reads_mask
 from clouseau.ir.computed import Op, program_of
 from clouseau.ir.graph import Graph, Node, NodeKind, TensorSpec
 
@@ -30,8 +34,6 @@ def _mask_fill(x: torch.Tensor, mask: torch.Tensor, value: float) -> torch.Tenso
 
 
 def _mask_fill_(x: torch.Tensor, mask: torch.Tensor, value: float) -> torch.Tensor:
-    if value == float("-inf"):  # an added bias: cheaper than a masked fill of every head
-        return x.add_(_mask_bias(mask, x.dtype))
     return x.masked_fill_(~mask, value)
 
 
@@ -48,7 +50,7 @@ def _causal_fill(x: torch.Tensor, value: float, offset: int) -> torch.Tensor:
 
 def _causal_fill_(x: torch.Tensor, value: float, offset: int) -> torch.Tensor:
     rows, cols = x.shape[-2], x.shape[-1]
-    if value == float("-inf"):  # exact, as in _mask_fill_
+    if value == float("-inf"):  # exact, as in _mask_bias
         return x.add_(_causal_bias(rows, cols, offset, x.dtype, x.device))
     keep = torch.ones(rows, cols, dtype=torch.bool, device=x.device).tril(offset)
     return x.masked_fill_(~keep, value)
@@ -83,14 +85,19 @@ def _softmax_full(x: torch.Tensor, axis: int) -> torch.Tensor:
     return torch.softmax(x, dim=axis, dtype=torch.float32).to(x.dtype)
 
 
-def _softmax_masked(x: torch.Tensor, axis: int, mask: torch.Tensor) -> torch.Tensor:
-    """The softmax of scores whose only ``-inf`` rows are those boolean ``mask`` empties:
-    on a CPU, where reading the (compact) mask costs no device sync, none to zero is no
-    pass over the pattern."""
+def _softmax_rows(x: torch.Tensor, axis: int, full: bool) -> torch.Tensor:
+    """The softmax of scores whose only ``-inf`` rows are those a boolean mask empties,
+    ``full`` when it empties none (:func:`_rows_full`): then no pass zeroes NaN rows."""
     out = torch.softmax(x, dim=axis, dtype=torch.float32)
-    if x.device.type != "cpu" or not bool(_compact(mask).any(axis).all()):
+    if not full:
         out.nan_to_num_(0.0)
     return out.to(x.dtype)
+
+
+def _rows_full(mask: torch.Tensor, axis: int) -> bool:
+    """Whether boolean ``mask`` keeps a key in every row along ``axis``. Read on a CPU
+    only, where it costs no device sync (elsewhere False: the softmax zeroes NaN rows)."""
+    return mask.device.type == "cpu" and bool(_compact(mask).any(axis).all())
 
 
 def _scores(q: torch.Tensor, kt: torch.Tensor, scale: float, bias: torch.Tensor) -> torch.Tensor:
@@ -104,12 +111,6 @@ def _scores(q: torch.Tensor, kt: torch.Tensor, scale: float, bias: torch.Tensor)
     return out
 
 
-def _scores_masked(
-    q: torch.Tensor, kt: torch.Tensor, scale: float, mask: torch.Tensor
-) -> torch.Tensor:
-    return _scores(q, kt, scale, _mask_bias(mask, q.dtype))
-
-
 def _scores_causal(q: torch.Tensor, kt: torch.Tensor, scale: float, offset: int) -> torch.Tensor:
     bias = _causal_bias(q.shape[-2], kt.shape[-1], offset, q.dtype, q.device)
     return _scores(q, kt, scale, bias)
@@ -118,7 +119,8 @@ def _scores_causal(q: torch.Tensor, kt: torch.Tensor, scale: float, offset: int)
 def _mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The additive bias of a boolean mask: 0 where it is true, -inf elsewhere (exact: x + 0
     is x, x - inf is -inf), of the size the mask broadcasts from (heads, a batch it is
-    expanded over: built once, not per head)."""
+    expanded over: built once, not per head), in ``dtype`` (any float dtype is exact: a
+    copy or an add of 0 and -inf converts them exactly)."""
     mask = _compact(mask)
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -math.inf)
 
@@ -131,7 +133,7 @@ def _causal_bias(
 
 
 #: The fx targets a computed point's matmul becomes (alone, or with its scale and mask).
-MATMULS = frozenset({torch.matmul, _scores, _scores_causal, _scores_masked})
+MATMULS = frozenset({torch.matmul, _scores, _scores_causal})
 
 
 def softmax_node(graph: fx.Graph, x: fx.Node, axis: int = -1) -> fx.Node:
@@ -158,11 +160,36 @@ _FRESH = frozenset({Op.MATMUL, Op.ADD, Op.MUL, Op.TANH, Op.SOFTMAX, Op.LAYER_NOR
 _VIEWS = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.INDEX})
 
 
+def _shared(graph: fx.Graph, source: fx.Node, fn: Callable[..., Any], *args: Any) -> fx.Node:
+    """The node ``fn(source, *args)``, one per ``source``: right after it, so that every
+    computed point reading ``source`` (each block's attention reads one mask) reads it."""
+    for user in source.users:
+        if user.target is fn and user.args[1:] == args:
+            return user
+    anchor = source
+    if source.op == "placeholder":
+        anchor = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    with graph.inserting_after(anchor):
+        node = graph.call_function(fn, (source, *args))
+    node.meta[COMPUTED_META] = True
+    return node
+
+
+def _bias_node(graph: fx.Graph, mask: fx.Node, scores: TensorSpec | None) -> fx.Node:
+    """The shared additive bias (:func:`_mask_bias`) of boolean ``mask`` for scores of
+    spec ``scores`` (float32 where it is not known)."""
+    dtype = getattr(torch, scores.dtype.value) if scores is not None else torch.float32
+    return _shared(graph, mask, _mask_bias, dtype if dtype.is_floating_point else torch.float32)
+
+
 def _emit_inplace(
-    graph: fx.Graph, op: Op, args: list[Any], attrs: Mapping[str, Any]
+    graph: fx.Graph, op: Op, args: list[Any], attrs: Mapping[str, Any], out: TensorSpec | None
 ) -> fx.Node | None:
     """``op`` writing its first input (a private value no other op reads), where it can."""
     other = args[1] if len(args) > 1 else attrs.get("scalar")
+    if op is Op.MASK_FILL and float(attrs["value"]) == -math.inf:
+        # The mask's shared bias added: cheaper than a masked fill of every head.
+        return graph.call_method("add_", (args[0], _bias_node(graph, args[1], out)))
     calls: dict[Op, Callable[[], fx.Node]] = {
         Op.MUL: lambda: graph.call_method("mul_", (args[0], other)),
         Op.ADD: lambda: graph.call_method("add_", (args[0], other)),
@@ -217,7 +244,10 @@ def lower_computed(
         if step.name in skipped:
             continue
         if step.name in fused:
-            env[step.name] = _emit_scores(graph, program, fused[step.name], env)
+            kernel = keys.get(str(node.attr("kernel")))
+            env[step.name] = _emit_scores(
+                graph, program, fused[step.name], env, by_key.get(kernel or "")
+            )
             for name in fused[step.name][1:]:
                 env[name] = env[step.name]
             continue
@@ -237,7 +267,7 @@ def lower_computed(
             if op is Op.SOFTMAX:
                 inplace = _emit_softmax(graph, program, step, args[0], env)
             elif step.inputs[0].node in private and _in_place_keeps(program, step):
-                inplace = _emit_inplace(graph, op, args, attrs)
+                inplace = _emit_inplace(graph, op, args, attrs, _spec(program, step.name))
             env[step.name] = inplace or _emit(graph, op, args, attrs)
             env[step.name].meta[COMPUTED_META] = True
     assert result is not None
@@ -299,15 +329,28 @@ def _fusable_mask(program: Graph, fill: Node, before: int) -> bool:
 
 
 def _emit_scores(
-    graph: fx.Graph, program: Graph, run: tuple[str, str, str], env: Mapping[str, fx.Node]
+    graph: fx.Graph,
+    program: Graph,
+    run: tuple[str, str, str],
+    env: Mapping[str, fx.Node],
+    kernel: fx.Node | None,
 ) -> fx.Node:
+    """One :func:`_scores` call for ``run``; a boolean mask's bias is also what ``kernel``
+    (the fused attention the pattern is computed beside) reads, where its dtype is the
+    query's."""
     matmul, scale, fill = (program.node(name) for name in run)
     q, kt = (env[r.node] for r in matmul.inputs)
     factor = float(scale.attr("scalar"))  # type: ignore[arg-type]
     if fill.op == Op.CAUSAL_FILL.value:
         node = graph.call_function(_scores_causal, (q, kt, factor, fill.attr("offset")))
     elif fill.op == Op.MASK_FILL.value:
-        node = graph.call_function(_scores_masked, (q, kt, factor, env[fill.inputs[1].node]))
+        mask, spec = env[fill.inputs[1].node], _spec(program, fill.name)
+        bias = _bias_node(graph, mask, spec)
+        query = _spec(program, matmul.inputs[0].node)
+        same = spec is not None and query is not None and spec.dtype == query.dtype
+        if same and reads_mask(kernel, mask):  # the kernel reads the bias too, where it can
+            read_mask(kernel, _shared(graph, bias, kernel_mask, mask))
+        node = graph.call_function(_scores, (q, kt, factor, bias))
     else:
         node = graph.call_function(_scores, (q, kt, factor, env[fill.inputs[1].node]))
     node.meta[COMPUTED_META] = True
@@ -323,8 +366,9 @@ def _emit_softmax(
         return graph.call_function(_softmax_full, (x, axis))
     fill = program.node(softmax.inputs[0].node)
     if fill.op == Op.MASK_FILL.value and not _may_empty_rows(program, fill) and axis == -1:
-        # Rows only the mask can empty: the mask's rows say which.
-        return graph.call_function(_softmax_masked, (x, axis, env[fill.inputs[1].node]))
+        # Rows only the mask can empty: the mask's rows say whether it empties one.
+        full = _shared(graph, env[fill.inputs[1].node], _rows_full, axis)
+        return graph.call_function(_softmax_rows, (x, axis, full))
     return None
 
 

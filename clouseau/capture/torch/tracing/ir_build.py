@@ -298,7 +298,7 @@ def _point_kind(
 
 
 # The arguments of torch.nn.functional.scaled_dot_product_attention, in order.
-_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 
 
 def kernel_attrs(fx_node: fx.Node, op: str) -> tuple[tuple[str, AttrValue], ...]:
@@ -306,7 +306,7 @@ def kernel_attrs(fx_node: fx.Node, op: str) -> tuple[tuple[str, AttrValue], ...]
     what a computed attention pattern beside it needs (``lowering/computed.py``)."""
     if op != "scaled_dot_product_attention" or fx_node.op != "call_function":
         return ()
-    bound = dict(zip(_SDPA_ARGS, fx_node.args, strict=False)) | dict(fx_node.kwargs)
+    bound = sdpa_arguments(fx_node)
     nodes = [a for a in fx_node.args[:3] if isinstance(a, fx.Node)]
     mask = bound.get("attn_mask")
     scale = bound.get("scale")
@@ -319,6 +319,11 @@ def kernel_attrs(fx_node: fx.Node, op: str) -> tuple[tuple[str, AttrValue], ...]
         ("dropout_p", float(bound.get("dropout_p", 0.0) or 0.0)),
         ("enable_gqa", bool(bound.get("enable_gqa", False))),
     )
+
+
+def sdpa_arguments(fx_node: fx.Node) -> dict[str, Any]:
+    """A ``scaled_dot_product_attention`` call's arguments by name."""
+    return dict(zip(SDPA_ARGS, fx_node.args, strict=False)) | dict(fx_node.kwargs)
 
 
 # Hyper-parameters of leaf modules that FLOP counts need (a conv's kernel and groups
