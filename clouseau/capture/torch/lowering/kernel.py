@@ -10,7 +10,6 @@ whose ``exp`` is slower than the softmax's own: docs/canonical.md has the figure
 
 from __future__ import annotations
 
-
 import torch
 import torch.fx as fx
 
