@@ -47,7 +47,7 @@ from clouseau.capture.jax.keys import CONTROL, enclosing
 from clouseau.capture.jax.plan import Rewrite
 from clouseau.ir.computed import is_computed
 from clouseau.ir.computed_attention import decomposition
-from clouseau.ir.computed_interventions import StandIn, stand_ins
+from clouseau.ir.computed_interventions import StandIn, stand_ins, view_grad_error
 from clouseau.ir.errors import SelectionError
 from clouseau.ir.graph import Graph, Node, NodeKind, Ref
 from clouseau.ir.passes import producer_of
@@ -60,16 +60,7 @@ def check_grads(graph: Graph) -> None:
     for node in graph.grad_saves:
         target = graph.node(_computed_of(graph, node.inputs[0]))
         if is_computed(target) and not isinstance(target.attr("kernel"), str):
-            raise _view_error(target.name, "take the gradient of")
-
-
-def _view_error(name: str, doing: str) -> SelectionError:
-    return SelectionError(
-        f"clouseau cannot {doing} {name!r} in JAX: it is a view computed beside the model "
-        "(a logit lens, a per-head output), which the model never reads, so its gradient "
-        "would be zero. Select the value it is computed from instead "
-        "(blocks.*.resid_post, blocks.*.attn.z, blocks.*.attn_out, blocks.*.attn.pattern)."
-    )
+            raise view_grad_error(target.name, "JAX")
 
 
 def _computed_of(graph: Graph, ref: Ref) -> str:

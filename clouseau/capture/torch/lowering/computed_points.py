@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import torch.fx as fx
 
 from clouseau.capture.torch.lowering.computed import lower_computed, replayed, softmax_node
+from clouseau.capture.torch.lowering.intervene import grad_through
 from clouseau.ir.computed import is_computed
 from clouseau.ir.computed_interventions import StandIn
 from clouseau.ir.errors import SelectionError
@@ -83,6 +84,8 @@ def lower_stand_ins(
         anchor = max([*inputs, replaced], key=order.__getitem__)
         with fx_graph.inserting_before(anchor.next):
             out = lower_computed(fx_graph, program, inputs, fx_nodes, keys)
+            if stand_in.gradient:  # the model's value forward, the program's backward
+                out = fx_graph.call_function(grad_through, (replaced, out))
         after = False
         later: set[fx.Node] = set()
         for n in fx_graph.nodes:
@@ -90,7 +93,7 @@ def lower_stand_ins(
                 later.add(n)
             after = after or n is out
         # Later readers only: the point's own computation reads the model's value.
-        _check_read_later(stand_in, replaced, values[stand_in.intervene], later)
+        _check_read_later(stand_in, replaced, values[stand_in.intervene], later | {out})
         replaced.replace_all_uses_with(out, delete_user_cb=later.__contains__)
         drops += [
             values[name]
