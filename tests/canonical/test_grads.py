@@ -1,7 +1,7 @@
 """``grads=`` on torch computed points: the gradient of a pattern (or scores) computed
 beside SDPA is the gradient of the eager attention's own weights, while the model's outputs
 stay bitwise the kernel's and its parameter gradients what they are without clouseau; a
-gradient of a view (the logit lens, ``head_out``) is refused, naming what to ask for."""
+computed heads-last ``q`` has the kernel's query gradient, transposed; a gradient of a view (the logit lens, ``head_out``) is refused, naming what to ask for."""
 
 from __future__ import annotations
 
@@ -128,3 +128,30 @@ def test_a_gradient_of_a_computed_view_is_refused(name: str) -> None:
     fmodel = clouseau.instrument(fam.model("sdpa"), select=None, path=None, grads=name)
     with pytest.raises(clouseau.SelectionError, match=r"in torch.*never reads.*resid_post"):
         fmodel(**fam.inputs())
+
+
+def test_the_gradient_of_a_computed_heads_last_q_is_the_kernels_query_transposed() -> None:
+    fam = BY_NAME["phi"]  # holds q only as [batch, head, pos, d_head]: computed heads-last
+    model = fam.model("sdpa")
+    plain = model(**fam.inputs()).logits
+    real = torch.nn.functional.scaled_dot_product_attention
+    queries: list[torch.Tensor] = []
+
+    def sdpa(q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        q.retain_grad()
+        queries.append(q)
+        return real(q, *args, **kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = sdpa
+    try:
+        _loss(model(**fam.inputs()).logits).backward()
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = real
+    fmodel = clouseau.instrument(model, select=None, path=None, grads="blocks.0.attn.q")
+    got = fmodel(**fam.inputs()).logits
+    assert torch.equal(got, plain)
+    _loss(got).backward()
+    saved = torch.from_numpy(fmodel.captured["blocks.0.attn.q.grad"].copy())
+    want = queries[0].grad.transpose(1, 2)  # block 0's query, [batch, pos, head, d_head]
+    torch.testing.assert_close(saved, want, rtol=0, atol=0)
+    assert saved.abs().max() > 0
