@@ -1,7 +1,8 @@
 """``grads=`` on torch computed points: the gradient of a pattern (or scores) computed
 beside SDPA is the gradient of the eager attention's own weights, while the model's outputs
 stay bitwise the kernel's and its parameter gradients what they are without clouseau; a
-computed heads-last ``q`` has the kernel's query gradient, transposed; a gradient of a view (the logit lens, ``head_out``) is refused, naming what to ask for."""
+computed heads-last ``q`` has the kernel's query gradient, transposed; a gradient of a view
+(the logit lens, ``head_out``) is refused, naming what to ask for."""
 
 from __future__ import annotations
 
