@@ -41,6 +41,10 @@ def canonical_costs(cfg: Config) -> Report:
          "implementation saving its own pattern", 1.0, _patterns(sdpa, eager, ids)),
         ("every block's output selected by canonical name (blocks.*.resid_post) vs by "
          "module path", 1.1, _names(sdpa, ids)),
+        ("a head_out intervention (head 1 zeroed) on block 0 vs the plain SDPA model", None,
+         _head_out(sdpa, ids, "blocks.0.attn.head_out")),
+        ("a head_out intervention (head 1 zeroed) on every block vs the plain SDPA model",
+         None, _head_out(sdpa, ids, "blocks.*.attn.head_out")),
         # No target: why the first row can miss one on a CPU, whose fused kernel may cost
         # more than the whole eager attention (a GPU's costs a fraction of it).
         ("the plain SDPA model vs the plain eager-attention model (nothing captured)", None,
@@ -94,6 +98,21 @@ def _patterns(sdpa: Any, eager: Any, ids: torch.Tensor) -> tuple[Step, Step]:
 
 def _plain(sdpa: Any, eager: Any, ids: torch.Tensor) -> tuple[Step, Step]:
     return (lambda: sdpa(ids, use_cache=False)), (lambda: eager(ids, use_cache=False))
+
+
+def _zero_head_1(head_out: torch.Tensor) -> torch.Tensor:
+    out = head_out.clone()
+    out[:, :, 1] = 0.0
+    return out
+
+
+def _head_out(model: Any, ids: torch.Tensor, name: str) -> tuple[Step, Step]:
+    """The projection recomputed from the intervened heads, nothing saved."""
+    ablated = clouseau.instrument(
+        model, select=None, path=None, intervene={name: clouseau.replace(_zero_head_1)}
+    )
+    ablated(ids, use_cache=False)
+    return (lambda: ablated(ids, use_cache=False)), (lambda: model(ids, use_cache=False))
 
 
 def _names(model: Any, ids: torch.Tensor) -> tuple[Step, Step]:

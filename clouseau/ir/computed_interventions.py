@@ -32,11 +32,18 @@ What each computed point stands in for:
   value, transposed back (:func:`~clouseau.ir.computed_attention.heads_first`; exact);
 - ``blocks.{i}.logit_lens`` (attr ``view="logit_lens"``): nothing (``replaces`` None);
 - any other computed point: refused.
+
+``grads=`` on a computed point (:func:`grad_stand_ins`) goes through the same stand-ins,
+with the model's value kept forward: a frontend makes every later reader of ``replaces``
+read ``out`` forward and the program's value backward (torch ``out.detach() + (d -
+d.detach())``, JAX ``stop_gradient(out) + (d - stop_gradient(d))``), so the model's
+outputs stay bitwise and the backward pass runs through the point. A view (the logit
+lens, ``head_out``) is refused (:func:`view_grad_error`): the model never reads it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from clouseau.ir.computed import is_computed, program_of
 from clouseau.ir.computed_attention import decomposition, heads_first
@@ -65,6 +72,10 @@ class StandIn:
     drops
         Model nodes that only computed ``replaces``' value (the kernel, the projection's
         reshapes and matmul): a frontend may drop those nothing else reads.
+    gradient
+        A gradient's stand-in (:func:`grad_stand_ins`; ``intervene`` is then ``point``):
+        the model reads ``replaces``' own value forward and the program's backward, and
+        nothing is dropped.
     """
 
     point: str
@@ -72,6 +83,7 @@ class StandIn:
     replaces: str | None = None
     program: Node | None = None
     drops: tuple[str, ...] = ()
+    gradient: bool = False
 
 
 def stand_ins(graph: Graph) -> tuple[StandIn, ...]:
@@ -101,9 +113,63 @@ def stand_ins(graph: Graph) -> tuple[StandIn, ...]:
     for node in graph.interventions:
         target = graph.node(node.inputs[0].node)
         if is_computed(target):
-            found.append(_stand_in(graph, target, node))
+            found.append(_stand_in(graph, target, node.name))
     _check_disjoint(graph, found)
     return tuple(found)
+
+
+def grad_stand_ins(graph: Graph, frontend: str) -> tuple[StandIn, ...]:
+    """What each ``grads=`` on a computed point of ``graph`` needs in the model: one
+    gradient :class:`StandIn` per model value (a kernel's scores and pattern share one,
+    built from the pattern), none where an intervention already stands in for it.
+
+    Parameters
+    ----------
+    graph
+        A graph with its save_grad and intervene nodes.
+    frontend
+        The framework's name, for the error (``"torch"``, ``"JAX"``).
+
+    Raises
+    ------
+    SelectionError
+        A gradient of a view (:func:`view_grad_error`), or of a point whose model value
+        cannot be rebuilt from it.
+    """
+    taken = {s.replaces for s in stand_ins(graph)}
+    found: dict[str, StandIn] = {}
+    for node in graph.grad_saves:
+        target = graph.node(node.inputs[0].node)
+        point = graph.node(target.inputs[0].node) if target.kind is NodeKind.INTERVENE else target
+        if not is_computed(point):
+            continue
+        if point.attr("view") in _VIEWS:
+            raise view_grad_error(point.name, frontend)
+        if target is not point:
+            continue  # intervened: its stand-in already makes the model read the point
+        stand_in = replace(
+            _stand_in(graph, point, point.name, "take the gradient of"), drops=(), gradient=True
+        )
+        if stand_in.replaces in taken:
+            continue
+        assert stand_in.replaces is not None
+        if point.attr("attention") == "pattern" or stand_in.replaces not in found:
+            found[stand_in.replaces] = stand_in  # the pattern: softmax(scores) reads both
+    return tuple(found.values())
+
+
+#: The computed views nothing in the model reads (no gradient reaches them).
+_VIEWS = ("logit_lens", "head_out")
+
+
+def view_grad_error(name: str, frontend: str) -> SelectionError:
+    """The error of a gradient asked of a computed view ``name`` (in ``frontend``)."""
+    return SelectionError(
+        f"clouseau cannot take the gradient of {name!r} in {frontend}: it is a view computed "
+        "beside the model (a logit lens, a per-head output), which the model never reads, "
+        "so its gradient would be zero. Select the value it is computed from instead "
+        "(blocks.*.resid_post, blocks.*.attn.z, blocks.*.attn_out, blocks.*.attn.pattern)."
+    )
 
 
 #: The computed points that stand in for a model value named by an attr: the attr, the
@@ -119,26 +185,24 @@ _REBUILT = (
 )  # fmt: skip
 
 
-def _stand_in(graph: Graph, point: Node, intervene: Node) -> StandIn:
-    value = Ref(intervene.name)
+def _stand_in(graph: Graph, point: Node, intervene: str, doing: str = "intervene on") -> StandIn:
+    value = Ref(intervene)
     if point.attr("view") == "logit_lens":
-        return StandIn(point.name, intervene.name)
+        return StandIn(point.name, intervene)
     for attr, build, suffix, why in _REBUILT:
         replaces = point.attr(attr)
         if isinstance(replaces, str):
             program = build(graph, point, value, point.name + suffix)
             if program is None:
-                raise SelectionError(f"cannot intervene on {point.name!r}: {why}")
+                raise SelectionError(f"cannot {doing} {point.name!r}: {why}")
             # What the point replays (the projection) or the kernel: unread once replaced.
             drops = _replayed(point) or (replaces,)
-            return StandIn(point.name, intervene.name, replaces, program, drops)
+            return StandIn(point.name, intervene, replaces, program, drops)
     program = heads_first(graph, point, value, f"{point.name}.heads_first")
     if program is not None:
-        return StandIn(
-            point.name, intervene.name, producer_of(graph, point.inputs[0]).node, program
-        )
+        return StandIn(point.name, intervene, producer_of(graph, point.inputs[0]).node, program)
     raise SelectionError(
-        f"cannot intervene on {point.name!r}: it is computed beside the model and stands "
+        f"cannot {doing} {point.name!r}: it is computed beside the model and stands "
         "in for no value the model reads, so changing it would change nothing the model "
         "computes. Intervene on the value it is computed from (blocks.*.attn.pattern, "
         "blocks.*.attn_out, blocks.*.resid_post)."

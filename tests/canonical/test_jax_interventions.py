@@ -2,7 +2,8 @@
 scores of ``jax.nn.dot_product_attention`` replaces the kernel by its decomposition, equal
 to the same change written into a copy of the model's attention; a gradient of the pattern
 is ``jax.grad`` of that copy w.r.t. its weights; under the user's ``jit``, ``vmap``,
-``grad`` and per iteration of ``lax.scan``. Views (logit lens, per-head outputs) refused."""
+``grad`` and per iteration of ``lax.scan`` (``head_out`` too). Gradients of views (logit
+lens, per-head outputs) refused."""
 
 from __future__ import annotations
 
@@ -367,15 +368,25 @@ def test_a_pattern_and_a_head_out_intervention_of_one_layer_compose() -> None:
     np.testing.assert_allclose(fmodel(X), want(X)[0], rtol=0, atol=TOL)
 
 
-def test_a_head_out_intervention_inside_a_scan_body_is_refused() -> None:
+def test_a_head_out_intervention_inside_the_models_scan_is_per_iteration() -> None:
     model = Steps(GqaModel(jax.random.key(0)))
     xs = jax.random.normal(jax.random.key(2), (3, 1, 6, 32))
+    name = "blocks.0.attn.head_out"
     fmodel = clouseau.instrument(
-        model, select="blocks.0.attn_out", path=None,
-        intervene={"blocks.0.attn.head_out": clouseau.zero()},
+        model, select=[name, "blocks.0.attn_out"], path=None,
+        intervene={name: clouseau.replace(_zero_head_1)},
     )  # fmt: skip
-    with pytest.raises(clouseau.SelectionError, match=r"inside a lax.scan.*attn.z"):
-        fmodel(xs)
+    out = fmodel(xs)
+    plain = eqx.filter_jit(model)(xs)
+    assert np.abs(np.asarray(out - plain)).max() > 10 * TOL  # the change reached the outputs
+    hand = jax.jit(lambda x: _gqa_by_hand(model.inner, x, 0, _same, False, z=_zero_head_1)[0])
+    cap = fmodel.captured
+    bias = np.asarray(model.inner.blocks[0].attn.o_proj.bias)
+    for i, x in enumerate(xs):  # rewritten in every iteration, the iteration axis in front
+        np.testing.assert_allclose(out[i], hand(x), rtol=0, atol=TOL)
+        assert not cap[name][i][:, :, 1].any()
+        heads = cap[name][i].sum(2) + bias
+        np.testing.assert_allclose(heads, cap["blocks.0.attn_out"][i], rtol=0, atol=1e-5)
 
 
 def test_an_intervention_on_logit_lens_changes_its_saved_value_only() -> None:

@@ -13,7 +13,9 @@ intervention on one reaches the model where the point stands in for a model valu
   the saved ones (the pattern the model read);
 - ``attn.head_out``: the output projection's output is recomputed as the intervened heads
   summed plus the bias (:func:`clouseau.ir.computed_views.recomposition`), from the
-  values the point reads (``z``, the projection's weights), read from internal slots;
+  values the point reads (``z``, the projection's weights), read from internal slots
+  (inside a ``lax.scan``, ``cond`` or ``while_loop`` body, per iteration, where those
+  values are computed in the same body);
 - ``logit_lens``: nothing reads it; the intervention changes its saved value only
   (:attr:`~clouseau.capture.jax.plan.Computed.change`).
 
@@ -43,11 +45,11 @@ from clouseau.capture.jax.computed import (
     reads,
     softmax,
 )
-from clouseau.capture.jax.keys import CONTROL, enclosing
+from clouseau.capture.jax.keys import CONTROL, REMAT, enclosing
 from clouseau.capture.jax.plan import Rewrite
 from clouseau.ir.computed import is_computed
 from clouseau.ir.computed_attention import decomposition
-from clouseau.ir.computed_interventions import StandIn, stand_ins
+from clouseau.ir.computed_interventions import StandIn, stand_ins, view_grad_error
 from clouseau.ir.errors import SelectionError
 from clouseau.ir.graph import Graph, Node, NodeKind, Ref
 from clouseau.ir.passes import producer_of
@@ -60,16 +62,7 @@ def check_grads(graph: Graph) -> None:
     for node in graph.grad_saves:
         target = graph.node(_computed_of(graph, node.inputs[0]))
         if is_computed(target) and not isinstance(target.attr("kernel"), str):
-            raise _view_error(target.name, "take the gradient of")
-
-
-def _view_error(name: str, doing: str) -> SelectionError:
-    return SelectionError(
-        f"clouseau cannot {doing} {name!r} in JAX: it is a view computed beside the model "
-        "(a logit lens, a per-head output), which the model never reads, so its gradient "
-        "would be zero. Select the value it is computed from instead "
-        "(blocks.*.resid_post, blocks.*.attn.z, blocks.*.attn_out, blocks.*.attn.pattern)."
-    )
+            raise view_grad_error(target.name, "JAX")
 
 
 def _computed_of(graph: Graph, ref: Ref) -> str:
@@ -105,12 +98,16 @@ def _recomposed(graph: Graph, closed: Any, stand_in: StandIn, change: Fn) -> Rew
     changed = Ref(stand_in.intervene)
     needed = (*reads(graph, point), *(r for r in reads(graph, program) if r != changed))
     needed = tuple(dict.fromkeys(needed))
-    control = {n.key for n in graph.nodes if n.op in CONTROL}
-    if any(k in control for r in (Ref(target.name), *needed) for k in enclosing(_key(graph, r))):
+    # A body (scan, cond, while, remat) fills its own slots: the rewrite of a projection
+    # in one, run per iteration, reads them only where every value it reads is in it too.
+    opened = {n.key for n in graph.nodes if n.op in CONTROL | REMAT}
+    body = _body(graph, Ref(target.name), opened)
+    if any(_body(graph, r, opened) != body for r in needed):
         raise SelectionError(
-            f"clouseau cannot intervene on {point.name!r} in JAX inside a lax.scan, cond or "
-            "while_loop body: its projection is recomputed from values outside that body. "
-            "Intervene on blocks.*.attn.z (a head's slice of it) or on blocks.*.attn_out."
+            f"clouseau cannot intervene on {point.name!r} in JAX: its projection is inside a "
+            "lax.scan, cond, while_loop or checkpoint body and is recomputed from values "
+            "outside that body. Intervene on blocks.*.attn.z (a head's slice of it) or on "
+            "blocks.*.attn_out."
         )
 
     def fn(value: Any, *values: Any) -> Any:
@@ -121,8 +118,10 @@ def _recomposed(graph: Graph, closed: Any, stand_in: StandIn, change: Fn) -> Rew
     return Rewrite(target.key, 0, fn, reads=needed)
 
 
-def _key(graph: Graph, ref: Ref) -> str:
-    return graph.node(producer_of(graph, ref).node).key
+def _body(graph: Graph, ref: Ref, opened: set[str]) -> tuple[str, ...]:
+    """The keys of the opened equations (:data:`CONTROL`, :data:`REMAT`) around ``ref``."""
+    key = graph.node(producer_of(graph, ref).node).key
+    return tuple(k for k in enclosing(key) if k in opened)
 
 
 def decomposed(

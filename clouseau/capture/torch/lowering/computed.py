@@ -77,7 +77,13 @@ def _stack(*xs: torch.Tensor, axis: int) -> torch.Tensor:
 def _softmax(x: torch.Tensor, axis: int) -> torch.Tensor:
     # A row of only -inf (a query that may attend to nothing: padding) is 0, not NaN: what
     # the fused kernel computes for it, and no NaN reaches the model through a decomposition.
-    return torch.softmax(x, dim=axis, dtype=torch.float32).nan_to_num_(0.0).to(x.dtype)
+    return _zero_nan_rows(torch.softmax(x, dim=axis, dtype=torch.float32)).to(x.dtype)
+
+
+def _zero_nan_rows(out: torch.Tensor) -> torch.Tensor:
+    """A softmax's NaN rows zeroed: in place, unless its backward (a gradient of the
+    point) reads it."""
+    return out.nan_to_num(0.0) if out.requires_grad else out.nan_to_num_(0.0)
 
 
 def _softmax_full(x: torch.Tensor, axis: int) -> torch.Tensor:
@@ -89,9 +95,7 @@ def _softmax_rows(x: torch.Tensor, axis: int, full: bool) -> torch.Tensor:
     """The softmax of scores whose only ``-inf`` rows are those a boolean mask empties,
     ``full`` when it empties none (:func:`_rows_full`): then no pass zeroes NaN rows."""
     out = torch.softmax(x, dim=axis, dtype=torch.float32)
-    if not full:
-        out.nan_to_num_(0.0)
-    return out.to(x.dtype)
+    return (out if full else _zero_nan_rows(out)).to(x.dtype)
 
 
 def _rows_full(mask: torch.Tensor, axis: int) -> bool:

@@ -13,7 +13,14 @@ from collections.abc import Mapping
 
 import torch.fx as fx
 
-from clouseau.capture.torch.lowering.computed import lower_computed, replayed, softmax_node
+from clouseau.capture.torch.lowering.computed import (
+    COMPUTED_META,
+    lower_computed,
+    replayed,
+    softmax_node,
+)
+from clouseau.capture.torch.lowering.computed_heads import heads_projected, heads_recomposed
+from clouseau.capture.torch.lowering.intervene import grad_through
 from clouseau.ir.computed import is_computed
 from clouseau.ir.computed_interventions import StandIn
 from clouseau.ir.errors import SelectionError
@@ -54,7 +61,10 @@ def lower_computed_points(
         if anchor.op == "placeholder":
             anchor = placeholders[-1]
         with fx_graph.inserting_before(anchor.next):
-            emitted[node.name] = lower_computed(fx_graph, node, inputs, fx_nodes, keys)
+            fast = heads_projected(graph, fx_graph, node, inputs[0], fx_nodes)
+            if fast is not None:  # head_out: one batched matmul, not a projection per head
+                fast.meta[COMPUTED_META] = True
+            emitted[node.name] = fast or lower_computed(fx_graph, node, inputs, fx_nodes, keys)
         values[node.name] = emitted[node.name]
         if what == "scores":
             scores[kernel] = emitted[node.name]
@@ -82,7 +92,11 @@ def lower_stand_ins(
         order = {n: i for i, n in enumerate(fx_graph.nodes)}
         anchor = max([*inputs, replaced], key=order.__getitem__)
         with fx_graph.inserting_before(anchor.next):
-            out = lower_computed(fx_graph, program, inputs, fx_nodes, keys)
+            point = graph.node(stand_in.point)
+            out = heads_recomposed(graph, fx_graph, point, inputs[0], fx_nodes)
+            out = out or lower_computed(fx_graph, program, inputs, fx_nodes, keys)
+            if stand_in.gradient:  # the model's value forward, the program's backward
+                out = fx_graph.call_function(grad_through, (replaced, out))
         after = False
         later: set[fx.Node] = set()
         for n in fx_graph.nodes:
@@ -90,7 +104,7 @@ def lower_stand_ins(
                 later.add(n)
             after = after or n is out
         # Later readers only: the point's own computation reads the model's value.
-        _check_read_later(stand_in, replaced, values[stand_in.intervene], later)
+        _check_read_later(stand_in, replaced, values[stand_in.intervene], later | {out})
         replaced.replace_all_uses_with(out, delete_user_cb=later.__contains__)
         drops += [
             values[name]

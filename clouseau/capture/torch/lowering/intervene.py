@@ -6,6 +6,12 @@ which the first call applies too); every later user of the value is rewired to i
 the value requires grad, registers a tensor hook handing the gradient to the sink of the
 call in progress. The hook is registered where the value is produced, so a later in-place
 op (``ReLU(inplace=True)``) does not change which value the gradient is of.
+
+A gradient of a computed point that stands in for a model value (a fused kernel's
+``pattern`` or ``scores``: :func:`clouseau.ir.computed_interventions.grad_stand_ins`)
+needs the backward pass to run through the point: every later reader of the kernel's
+output reads :func:`grad_through` of it and of its decomposition, the kernel's output
+forward (bitwise) and the decomposition's gradient backward.
 """
 
 from __future__ import annotations
@@ -34,6 +40,11 @@ def grad_tap(node: Node, producer: str) -> Callable[[torch.Tensor], None]:
             value.register_hook(partial(_hook, emit, names, producer))
 
     return clouseau_grad_tap
+
+
+def grad_through(value: torch.Tensor, decomposed: torch.Tensor) -> torch.Tensor:
+    """``value`` forward, ``decomposed``'s gradient backward (``decomposed - itself`` is 0)."""
+    return value.detach() + (decomposed - decomposed.detach())
 
 
 def _hook(emit: GradEmit, names: tuple[str, ...], producer: str, grad: torch.Tensor) -> None:

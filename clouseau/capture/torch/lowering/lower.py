@@ -32,7 +32,7 @@ from clouseau.capture.torch.tracing.ir_build import TracedModel, trace_model
 from clouseau.capture.torch.tracing.live import applier, live_plan
 from clouseau.capture.torch.tracing.probe import FirstRun
 from clouseau.ir.actions import Action
-from clouseau.ir.computed_interventions import StandIn, stand_ins
+from clouseau.ir.computed_interventions import StandIn, grad_stand_ins, stand_ins
 from clouseau.ir.graph import Graph, Node, NodeKind
 from clouseau.ir.interventions import Grads, Rewritten, rewrite
 from clouseau.ir.passes import producer_of
@@ -160,7 +160,8 @@ def lower_traced(
         traced.graph, select=select, intervene=intervene, grads=grads, strict=strict
     )
     graph = rewritten.graph
-    module, computed = _rewrite(traced, rewritten, stand_ins(graph))
+    found = stand_ins(graph) + grad_stand_ins(graph, "torch")
+    module, computed = _rewrite(traced, rewritten, found)
     targets = tuple(
         SaveTarget(
             save.names,

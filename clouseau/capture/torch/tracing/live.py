@@ -141,6 +141,9 @@ def live_plan(
     actions = {keys[ref.node]: (every[ref], action) for ref, action in chosen.items()}
     by_ref: dict[Ref, list[str]] = {}
     for point in grad_points(graph, select, grads):
+        if is_computed(graph.node(point.ref.node)):
+            # Its gradient runs through the kernel's decomposition: the call runs instrumented.
+            raise SelectionError("a gradient of a computed point")
         by_ref.setdefault(point.ref, []).append(point.name + GRAD_SUFFIX)
     taps = {keys[ref.node]: (tuple(names), ref.node) for ref, names in by_ref.items()}
     return LivePlan(actions, taps)
