@@ -66,10 +66,49 @@ def test_gpt2_traces_a_few_times_for_fifty_sequence_lengths(traced: bool) -> Non
         return
     assert fmodel.traces <= 3
     assert fmodel.captured.graph.trace_kind is clouseau.ir.TraceKind.TORCH_EXPORT
-    # The first export is static; the second shape's export is dynamic and serves the rest.
+    # The first export is static; a later shape's export is dynamic in what changed (the
+    # length; the batch stays 2) and serves the rest.
     graphs = [str(g) for g in fmodel.captured.graphs]
     assert "%lm_head : f32[2,7,100] = linear" in graphs[0]
-    assert "%lm_head : f32[s0,s1,100] = linear" in graphs[-1]
+    assert "%lm_head : f32[2,s0,100] = linear" in graphs[-1]
+
+
+class SamePadding(nn.Module):
+    """TF-style "same" padding computed from the image size (timm's Conv2dSame), and a
+    size check torch.fx cannot follow, so the model takes the export path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] != 3:
+            raise ValueError("three channels")
+        pad_h = max((-(-x.shape[2] // 2) - 1) * 2 + 3 - x.shape[2], 0)
+        pad_w = max((-(-x.shape[3] // 2) - 1) * 2 + 3 - x.shape[3], 0)
+        x = nn.functional.pad(x, [pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2])
+        return self.head(self.conv(x).relu().mean((2, 3)))
+
+
+def test_a_later_export_frees_only_the_dimensions_that_changed() -> None:
+    # Every dimension free made torch's symbolic shapes solve the paddings of H and W at
+    # each layer (minutes for timm's tf_mobilenetv3 when only the batch changed).
+    model = SamePadding().eval()
+    fmodel = clouseau.instrument(model, select="*", path=None)
+    shapes = [(1, 3, 9, 9), (2, 3, 9, 9), (5, 3, 9, 9), (2, 3, 12, 10), (3, 3, 7, 14)]
+    for call, shape in enumerate(shapes):
+        x = torch.randn(shape)
+        expected, hooks = eager_with_hooks(model, x)
+        with torch.no_grad():
+            assert_same(fmodel(x), expected)
+        _check_modules(fmodel.captured, call, hooks, ["conv", "head"])
+    graphs = [str(g) for g in fmodel.captured.graphs]
+    assert fmodel.captured.graph.trace_kind is clouseau.ir.TraceKind.TORCH_EXPORT
+    assert "f32[1,3,9,9] = input()" in graphs[0]  # the first shape: static
+    assert "f32[s0,3,9,9] = input()" in graphs[1]  # then the batch only
+    assert "f32[s0,3,s1,s2] = input()" in graphs[2]  # then H and W too, and no more
+    assert fmodel.traces == 3
 
 
 class ShapeSwitch(nn.Module):

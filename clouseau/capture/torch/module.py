@@ -29,7 +29,7 @@ from clouseau.capture.torch.runtime.signature import (
     exact_key,
     structure_key,
 )
-from clouseau.capture.torch.tracing.export import grad_mode
+from clouseau.capture.torch.tracing.export import LeafShapes, grad_mode, leaf_shapes
 from clouseau.capture.torch.tracing.export_hooks import run_hooks
 from clouseau.capture.torch.tracing.ir_build import UntraceableError
 from clouseau.capture.torch.tracing.probe import FirstRun
@@ -95,6 +95,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         # guards accept the call.
         self._lowered: dict[Hashable, Any] = {}
         self._by_structure: dict[Hashable, list[Entry]] = {}
+        self._shapes: dict[Hashable, list[LeafShapes]] = {}
         self._state: ModuleState | None = None
         self._traces = 0
         self._tier: Any = None  # the dynamic or hook tier, once fx and export failed
@@ -305,11 +306,13 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         (with ``live``, the trace runs this call: its :class:`FirstRun` comes back)."""
         if self._tier is not None:
             return self._tier_entry, None
-        entries = self._by_structure.setdefault(self._key(args, kwargs, structure_key), [])
+        structure = self._key(args, kwargs, structure_key)
+        entries = self._by_structure.setdefault(structure, [])
         for entry in entries:
             if entry.accepts is None or entry.accepts(args, kwargs):
                 entry.unverified = True
                 return entry, None
+        shapes_seen = self._shapes_seen(structure, args, kwargs, bool(entries))
         # A new instrumented model of a model already seen: the graph derived before.
         plain = not (self._intervene or self._grads)
         reuse = reuse_key(self.model, self._key(args, kwargs), self._select, plain, bool(entries))
@@ -325,7 +328,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
                 intervene=self._intervene,
                 grads=self._grads,
                 live=live,
-                dynamic_export=tiers.export_tier(bool(entries)) is tiers.Tier.EXPORT_DYNAMIC,
+                shapes_seen=shapes_seen,
             )
         except UntraceableError as error:
             from clouseau.capture.torch.dynamic.dynamo import DynamicTier, HookTier
@@ -346,6 +349,18 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
         first = lowered.traced.first.take()
         keep(reuse, self.model, lowered)
         return entry, first
+
+    def _shapes_seen(
+        self, structure: Hashable, args: tuple[Any, ...], kwargs: dict[str, Any], seen: bool
+    ) -> tuple[LeafShapes, ...]:
+        """The shapes of the structure's earlier entries, which the export of a new shape
+        compares with (:func:`~clouseau.capture.torch.tracing.export.trace_export`; empty:
+        a static export), this call's added."""
+        shapes = self._shapes.setdefault(structure, [])
+        earlier = tuple(shapes)
+        shapes.append(leaf_shapes(args, kwargs))
+        dynamic = tiers.export_tier(seen) is tiers.Tier.EXPORT_DYNAMIC
+        return earlier if dynamic else ()
 
     def _add_entry(
         self, lowered: Lowered, args: tuple[Any, ...], kwargs: dict[str, Any], entries: list[Any]
@@ -382,6 +397,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self._lowered.clear()
         self._by_structure.clear()
+        self._shapes.clear()
         self._state = None
         return super()._apply(fn, *args, **kwargs)
 

@@ -28,6 +28,7 @@ from clouseau.capture.torch.lowering.computed_points import (
     lower_stand_ins,
 )
 from clouseau.capture.torch.lowering.intervene import grad_tap
+from clouseau.capture.torch.tracing.export import LeafShapes
 from clouseau.capture.torch.tracing.ir_build import TracedModel, trace_model
 from clouseau.capture.torch.tracing.live import applier, live_plan
 from clouseau.capture.torch.tracing.probe import FirstRun
@@ -123,23 +124,22 @@ def lower(
     intervene: Mapping[Any, Action] | None = None,
     grads: Grads = False,
     live: bool = False,
-    dynamic_export: bool = False,
+    shapes_seen: tuple[LeafShapes, ...] = (),
 ) -> Lowered:
     """Trace ``model``, rewrite the IR for ``select``, ``intervene`` and ``grads`` (strictly)
     and lower it to a GraphModule.
 
     With ``live`` the trace's probe is the user's call, applying ``intervene`` and
     ``grads`` as it runs: ``lowered.traced.first`` holds its output and values.
-    ``dynamic_export``: the export after a failed fx trace has dynamic dimensions.
+    ``shapes_seen``: the earlier shapes of this input structure; the export after a
+    failed fx trace is dynamic in the dimensions that changed (static when empty).
     """
     changes = (
         partial(live_plan, select=select, intervene=intervene, grads=grads)
         if intervene or grads
         else None
     )
-    traced = trace_model(
-        model, args, kwargs, live=live, changes=changes, dynamic_export=dynamic_export
-    )
+    traced = trace_model(model, args, kwargs, live=live, changes=changes, shapes_seen=shapes_seen)
     return lower_traced(traced, select, intervene=intervene, grads=grads)
 
 

@@ -61,18 +61,32 @@ def grad_mode() -> tuple[bool, bool]:
     return (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
 
 
+#: The leaves of one call's ``tree_flatten((args, kwargs))``: a tensor's shape, else None.
+LeafShapes = tuple[tuple[int, ...] | None, ...]
+
+
+def leaf_shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> LeafShapes:
+    """The shapes of a call's tensors, leaf by leaf (what :func:`trace_export` compares)."""
+    leaves = tree_flatten((args, kwargs))[0]
+    return tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in leaves)
+
+
 def trace_export(
     model: torch.nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    dynamic: bool = False,
+    seen: tuple[LeafShapes, ...] = (),
 ) -> Traced:
-    """Trace ``model`` with ``torch.export.export(strict=False)`` into a :class:`Traced`;
-    ``dynamic``: export with dynamic dimensions, the ``EXPORT_DYNAMIC`` tier
-    (:func:`clouseau.capture.torch.runtime.tiers.export_tier` decides)."""
+    """Trace ``model`` with ``torch.export.export(strict=False)`` into a :class:`Traced`.
+
+    ``seen``: the shapes of the earlier calls of this input structure. None (a structure's
+    first shape) exports statically; otherwise the export is dynamic, the
+    ``EXPORT_DYNAMIC`` tier (:func:`clouseau.capture.torch.runtime.tiers.export_tier`
+    decides), in the dimensions that differ between this call and one of ``seen``.
+    """
     kwargs = canonical_kwargs(model, kwargs)
     register_cache_pytrees(model)
-    ep, marks = _export(model, args, kwargs, dynamic)
+    ep, marks = _export(model, args, kwargs, seen)
     graph = ep.graph_module.graph
     _check_inference(graph)
     marked = take_marks(ep.graph_module, marks)
@@ -178,19 +192,27 @@ def _check_inference(graph: fx.Graph) -> None:
 
 
 def _export(
-    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic: bool
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    seen: tuple[LeafShapes, ...],
 ) -> tuple[Any, Marks]:
-    """Export with every tensor dimension free (``Dim.AUTO``) when ``dynamic``: torch.export keeps dynamic what the model lets vary and specializes the rest,
-    so one export serves every shape its guards allow. Otherwise, or when the dynamic
-    export fails on something else than the model's data-dependent control flow (an input
-    structure ``dynamic_shapes`` cannot describe), the export is static, once per shape."""
-    if not dynamic:
+    """Export with the dimensions that varied over ``seen`` free (``Dim.AUTO``): torch.export
+    keeps dynamic what the model lets vary and specializes the rest, so one export serves
+    every shape its guards allow. Only those dimensions: each free dimension's sizes enter
+    the symbolic shapes of every op after it, and a model that computes paddings or patch
+    counts from the image size (timm's TF "same" convolutions, MobileViT's unfold) spends
+    minutes in sympy when H and W are free but only the batch changed. With nothing
+    ``seen``, or when the dynamic export fails on something else than the model's
+    data-dependent control flow (an input structure ``dynamic_shapes`` cannot describe),
+    the export is static, once per shape."""
+    if not seen:
         with marking(model) as marks:
             return torch.export.export(model, args, kwargs, strict=False), marks
     try:
         try:
             with marking(model) as marks:
-                dynamic = _dynamic_shapes(model, args, kwargs)
+                dynamic = _dynamic_shapes(model, args, kwargs, seen)
                 ep = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic, strict=False)
         finally:
             # A failed export leaves its dynamic-dimension marks on the inputs: the static
@@ -209,27 +231,51 @@ def _export(
 
 
 def _dynamic_shapes(
-    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    seen: tuple[LeafShapes, ...],
 ) -> dict[str, Any]:
-    """``Dim.AUTO`` for every dimension of every tensor, by ``forward``'s parameter names."""
+    """``Dim.AUTO`` for each tensor dimension that varied, by ``forward``'s parameter names."""
+    varying = _varying_dims(args, kwargs, seen)
     bound = inspect.signature(model.forward).bind_partial(*args, **kwargs)
-    return {name: _auto_dims(value) for name, value in bound.arguments.items()}
+    return {name: _auto_dims(value, varying) for name, value in bound.arguments.items()}
 
 
-def _auto_dims(value: Any) -> Any:
+def _varying_dims(
+    args: tuple[Any, ...], kwargs: dict[str, Any], seen: tuple[LeafShapes, ...]
+) -> dict[int, tuple[int, ...]]:
+    """By the ``id`` of each tensor of this call: its dimensions whose size differs from
+    one of ``seen`` (every dimension where a shape seen has another rank)."""
+    varying: dict[int, set[int]] = {}
+    for index, leaf in enumerate(tree_flatten((args, kwargs))[0]):
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        shape = tuple(leaf.shape)
+        before = [s[index] if index < len(s) else None for s in seen]
+        dims = varying.setdefault(id(leaf), set())
+        for b in before:
+            if b is None or len(b) != len(shape):
+                dims.update(range(len(shape)))
+            else:
+                dims.update(d for d, size in enumerate(shape) if b[d] != size)
+    return {key: tuple(sorted(dims)) for key, dims in varying.items()}
+
+
+def _auto_dims(value: Any, varying: dict[int, tuple[int, ...]]) -> Any:
     if isinstance(value, torch.Tensor):
-        return {i: torch.export.Dim.AUTO for i in range(value.dim())}
+        return {i: torch.export.Dim.AUTO for i in varying.get(id(value), ())} or None
     if isinstance(value, list | tuple):
-        return type(value)(_auto_dims(v) for v in value)
+        return type(value)(_auto_dims(v, varying) for v in value)
     # A dict subclass registered on its own (a ModelOutput such as the encoder_outputs of
     # an encoder-decoder's step) takes the spec of its flattened children, as a cache does.
     if type(value) is dict or type(value) is OrderedDict:
-        return {k: _auto_dims(v) for k, v in value.items()}
+        return {k: _auto_dims(v, varying) for k, v in value.items()}
     children = pytree_children(value)  # a cache: the spec follows its flattened children
     if children is None:
         return None
     # A cache's int leaf is a per-step counter (``_compat`` lifts it): dynamic as a size.
-    return [torch.export.Dim.AUTO if type(c) is int else _auto_dims(c) for c in children]
+    return [torch.export.Dim.AUTO if type(c) is int else _auto_dims(c, varying) for c in children]
 
 
 def _infos(

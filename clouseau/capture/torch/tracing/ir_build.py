@@ -22,7 +22,7 @@ from clouseau.capture._common import (
 from clouseau.capture.torch._quiet import quiet_export
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.flop_ops import category
-from clouseau.capture.torch.tracing.export import trace_export
+from clouseau.capture.torch.tracing.export import LeafShapes, trace_export
 from clouseau.capture.torch.tracing.fx import trace_fx
 from clouseau.capture.torch.tracing.live import PROVISIONAL, LivePlan
 from clouseau.capture.torch.tracing.probe import FirstRun, Probe, probe, probe_call
@@ -85,13 +85,14 @@ def trace_model(
     *,
     live: bool = False,
     changes: Callable[[Graph], LivePlan] | None = None,
-    dynamic_export: bool = False,
+    shapes_seen: tuple[LeafShapes, ...] = (),
 ) -> TracedModel:
     """Trace ``model(*args, **kwargs)`` with torch.fx, or torch.export when fx fails.
 
-    ``dynamic_export``: whether the export fx's failure leads to has dynamic dimensions
-    (:mod:`runtime.tiers` decides: static for the first shape of a structure, dynamic for
-    later ones).
+    ``shapes_seen``: the earlier shapes of this input structure, for the export fx's
+    failure leads to (:func:`~clouseau.capture.torch.tracing.export.trace_export`: static
+    for a structure's first shape, dynamic in the dimensions that changed for later ones;
+    :mod:`runtime.tiers` decides).
 
     With ``live`` the probe run is the user's call itself (its output and values are in
     ``first``); otherwise it runs on copies and leaves the model, hooks aside, untouched.
@@ -123,7 +124,7 @@ def trace_model(
     )
     # Tracers patch torch.nn.Module process-wide: no lowered graph may run meanwhile.
     with TRACE_LOCK.exclusive():
-        return _trace_model(model, args, kwargs, live, changes, dynamic_export)
+        return _trace_model(model, args, kwargs, live, changes, shapes_seen)
 
 
 def _trace_model(
@@ -132,7 +133,7 @@ def _trace_model(
     kwargs: dict[str, Any],
     live: bool,
     changes: Callable[[Graph], LivePlan] | None,
-    dynamic_export: bool,
+    shapes_seen: tuple[LeafShapes, ...],
 ) -> TracedModel:
     fx_infos: Mapping[str, NodeInfo] | None = None
     run = partial(_live_probe, changes) if live else _probe
@@ -143,7 +144,7 @@ def _trace_model(
     except Exception as fx_error:
         try:
             with quiet_export():
-                traced = trace_export(model, args, kwargs, dynamic_export)
+                traced = trace_export(model, args, kwargs, shapes_seen)
             traced = replace(traced, meta=(*traced.meta, ("fx_error", first_line(fx_error))))
             facts, first = run(traced, model, args, kwargs)
         except Exception as export_error:
