@@ -223,7 +223,8 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
 
     def _put_call(self, entry: Entry, saved: tuple[torch.Tensor, ...]) -> None:
         with SinkCall(self._sink) as call:
-            self._sink.put(call, entry.graph_id, saved_values(entry.targets, saved, entry.saves))
+            values = saved_values(entry.targets, saved, entry.saves, plan=entry.host)
+            self._sink.put(call, entry.graph_id, values)
 
     def _saving_call(self, entry: Entry, inputs: tuple[Any, ...]) -> Any:
         with SinkCall(self._sink) as call:
@@ -236,9 +237,9 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             if entry.unverified and entry.targets:
                 entry.verify(inputs, raw, self.model)
             if entry.targets:
-                self._sink.put(
-                    call, entry.graph_id, saved_values(entry.targets, raw[1], entry.saves)
-                )
+                values = saved_values(entry.targets, raw[1], entry.saves, plan=entry.host)
+                self._sink.put(call, entry.graph_id, values)
+                return entry.from_outputs(raw[0])
         return entry.outputs(raw)
 
     def _first_call(self, entry: Entry, first: FirstRun) -> Any:
