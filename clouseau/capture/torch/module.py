@@ -7,7 +7,6 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.modules.module as _nn_module
 
 from clouseau.capture._common import SinkCall
 from clouseau.capture._session import CaptureSession
@@ -15,6 +14,7 @@ from clouseau.capture.torch._compat import (
     forward_hooks_of,
     forward_hooks_with_kwargs,
     forward_pre_hooks,
+    module_dispatches,
     register_cache_pytrees,
 )
 from clouseau.capture.torch._sync import TRACE_LOCK
@@ -43,29 +43,6 @@ from clouseau.ir.sink import SavedValue, Sink
 
 # Runs a function outside Dynamo (a graph break around it) under torch.compile.
 _eager = torch.compiler.disable
-
-# nn.Module.__call__'s process-wide hooks (dicts changed in place when hooks are added).
-_GLOBAL_HOOKS = (
-    _nn_module._global_backward_pre_hooks,
-    _nn_module._global_backward_hooks,
-    _nn_module._global_forward_hooks,
-    _nn_module._global_forward_pre_hooks,
-)
-
-
-def _dispatches(module: torch.nn.Module) -> bool:
-    """Whether ``nn.Module.__call__`` would do more than call ``module.forward``: a hook
-    (of the module's, or process-wide), ``module.compile()`` or a ``torch.jit.trace``
-    recording. When it would not, calling ``forward`` directly saves two Python frames."""
-    return bool(
-        module._compiled_call_impl is not None
-        or module._forward_hooks
-        or module._forward_pre_hooks
-        or module._backward_hooks
-        or module._backward_pre_hooks
-        or any(_GLOBAL_HOOKS)
-        or torch._C._get_tracing_state()
-    )
 
 
 class InstrumentedModule(torch.nn.Module, CaptureSession):
@@ -201,7 +178,7 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
                 if not hooks.saved:
                     self._saved_nothing(tiers.Tier.HOOKS)
                 return out
-            if hooks is False and not _dispatches(self):  # a traced tier, no hooks to run
+            if hooks is False and not module_dispatches(self):  # a traced tier, no hooks to run
                 return self.forward(*args, **kwargs)
             return super().__call__(*args, **kwargs)
         finally:
