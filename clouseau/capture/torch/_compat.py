@@ -36,6 +36,30 @@ def forward_pre_hooks(module: torch.nn.Module) -> dict[int, Any]:
     return module._forward_pre_hooks
 
 
+# nn.Module.__call__'s process-wide hooks (dicts changed in place when hooks are added).
+_GLOBAL_HOOKS = (
+    torch.nn.modules.module._global_backward_pre_hooks,
+    torch.nn.modules.module._global_backward_hooks,
+    torch.nn.modules.module._global_forward_hooks,
+    torch.nn.modules.module._global_forward_pre_hooks,
+)
+
+
+def module_dispatches(module: torch.nn.Module) -> bool:
+    """Whether ``nn.Module.__call__`` would do more than call ``module.forward``: a hook
+    (of the module's, or process-wide), ``module.compile()`` or a ``torch.jit.trace``
+    recording. When it would not, calling ``forward`` directly saves two Python frames."""
+    return bool(
+        module._compiled_call_impl is not None
+        or module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+        or any(_GLOBAL_HOOKS)
+        or torch._C._get_tracing_state()
+    )
+
+
 def dynamo_exception() -> type[BaseException]:
     """The base class of TorchDynamo's own errors (not the model's)."""
     from torch._dynamo.exc import TorchDynamoException

@@ -14,6 +14,7 @@ from clouseau.capture.torch._compat import (
     forward_hooks_of,
     forward_hooks_with_kwargs,
     forward_pre_hooks,
+    module_dispatches,
     register_cache_pytrees,
 )
 from clouseau.capture.torch._sync import TRACE_LOCK
@@ -178,6 +179,8 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
                 if not hooks.saved:
                     self._saved_nothing(tiers.Tier.HOOKS)
                 return out
+            if hooks is False and not module_dispatches(self):  # a traced tier, no hooks to run
+                return self.forward(*args, **kwargs)
             return super().__call__(*args, **kwargs)
         finally:
             TRACE_LOCK.exit_shared()
@@ -224,7 +227,8 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
 
     def _put_call(self, entry: Entry, saved: tuple[torch.Tensor, ...]) -> None:
         with SinkCall(self._sink) as call:
-            self._sink.put(call, entry.graph_id, saved_values(entry.targets, saved, entry.saves))
+            values = saved_values(entry.targets, saved, entry.saves, plan=entry.host)
+            self._sink.put(call, entry.graph_id, values)
 
     def _saving_call(self, entry: Entry, inputs: tuple[Any, ...]) -> Any:
         with SinkCall(self._sink) as call:
@@ -237,9 +241,9 @@ class InstrumentedModule(torch.nn.Module, CaptureSession):
             if entry.unverified and entry.targets:
                 entry.verify(inputs, raw, self.model)
             if entry.targets:
-                self._sink.put(
-                    call, entry.graph_id, saved_values(entry.targets, raw[1], entry.saves)
-                )
+                values = saved_values(entry.targets, raw[1], entry.saves, plan=entry.host)
+                self._sink.put(call, entry.graph_id, values)
+                return entry.from_outputs(raw[0])
         return entry.outputs(raw)
 
     def _first_call(self, entry: Entry, first: FirstRun) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from clouseau.capture.torch.lowering.lower import Lowered, SaveTarget
-from clouseau.capture.torch.runtime.host import saves_of
+from clouseau.capture.torch.runtime.host import host_plan, saves_of
 from clouseau.capture.torch.runtime.signature import storage_of, tensors_of
 
 
@@ -25,8 +25,10 @@ class Entry:
 
     __slots__ = (
         "accepts",
+        "from_outputs",
         "grads",
         "graph_id",
+        "host",
         "inputs",
         "lowered",
         "outputs",
@@ -57,6 +59,9 @@ class Entry:
         )
         self.outputs: Callable[[Any], Any] = lowered.outputs
         self.targets: tuple[SaveTarget, ...] = lowered.targets
+        self.host = host_plan(tuple(t.host_copy for t in self.targets))  # read by every call
+        # The model's outputs from the module's first output (a saving call's shortcut).
+        self.from_outputs: Callable[[Any], Any] = traced.from_outputs
         self.saves = saves_of(self.targets)  # their names, once (verify keeps them)
         self.grads = bool(lowered.graph.grad_saves)
         # Nothing to save now or at backward: the call is the model's (interventions and
@@ -92,6 +97,7 @@ class Entry:
                 replace(t, host_copy=True) if i in escaping else t
                 for i, t in enumerate(self.targets)
             )
+            self.host = host_plan(tuple(t.host_copy for t in self.targets))
 
 
 def _direct_attributes(gm: torch.fx.GraphModule, model: torch.nn.Module) -> None:
