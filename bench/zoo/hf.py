@@ -136,6 +136,12 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "fun_asr_nano": {"adaptor_config": {"intermediate_size": WIDTH // 4}},
     # Phonon's flow head is conditioned on the backbone's hidden states
     "gradium_phonon_tts": {"flow_head_config": {"condition_dim": WIDTH}},
+    # ESM's default leaves its padding id to the checkpoint, and its mask compares to it
+    "esm": {"pad_token_id": 1},
+    # BLIP-2's default leaves its image placeholder unset, and its forward looks for it
+    "blip-2": {"image_token_index": VOCAB - 1},
+    # BridgeTower's vision tower has a head per 64 of its width
+    "bridgetower": {"vision_config": {"hidden_size": 64}},
     # DBRX's attention reads rope_theta and clip_qkv (clamped, None or not) from attn_config,
     # which no longer declares the first
     "dbrx": {"attn_config": {"kv_n_heads": 1, "rope_theta": 10000.0, "clip_qkv": 8.0}},
@@ -180,6 +186,8 @@ def tiny_config(model_type: str) -> Any:
     default = cls()
     changes = _shrunk(default.to_dict(), OVERRIDES.get(model_type, {}))
     config = cls(**changes)
+    if not hasattr(config, "pad_token_id"):  # transformers 5 dropped it; emu3, dots3 read it
+        config.pad_token_id = None
     _with_mrope(config)
     config._attn_implementation = "eager"
     return config
@@ -204,6 +212,8 @@ def _shrunk(
             changes[key] = [STAGE_LISTS[key](i, v) for i, v in enumerate(value)]
         elif key in SHRINK and isinstance(value, int) and not isinstance(value, bool):
             changes[key] = min(value, SHRINK[key]) if key != "vocab_size" else SHRINK[key]
+        elif key == "vocab_size" and value is None:  # esm's default leaves it to the checkpoint
+            changes[key] = VOCAB
     for key in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id",
                 "sep_token_id", "cls_token_id", "mask_token_id", "unk_token_id"):  # fmt: skip
         if isinstance(values.get(key), int) and values[key] >= VOCAB:
@@ -387,7 +397,12 @@ def build(model_type: str, task: str) -> TorchCase:
     config = tiny_config(model_type)
     if task == "causal-lm" and getattr(config, "is_decoder", None) is False:
         config.is_decoder = True  # an encoder type's causal LM is its decoder (Reformer checks)
-    model = model_class(model_type, task)(config).eval()
+    cls = model_class(model_type, task)
+    wanted = getattr(cls, "config_class", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if wanted is not None and not isinstance(config, wanted) and isinstance(text, wanted):
+        config = text  # a multimodal type's causal LM is its text model (emu3, dots3)
+    model = cls(config).eval()
     calls = tuple(inputs(model, length) for length in SEQ)
     calls = tuple(_with_image_tokens(model, call) for call in calls)
     frames_first = model.main_input_name == "input_features" and not _runs(model, calls[0])
