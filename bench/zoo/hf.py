@@ -136,6 +136,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "fun_asr_nano": {"adaptor_config": {"intermediate_size": WIDTH // 4}},
     # Phonon's flow head is conditioned on the backbone's hidden states
     "gradium_phonon_tts": {"flow_head_config": {"condition_dim": WIDTH}},
+    # HGNet-V2's stages are sized by stage_*_channels: hidden_sizes repeats their outputs
+    "hgnet_v2": {"hidden_sizes": [128, 512, 1024, 2048]},
     # ESM's default leaves its padding id to the checkpoint, and its mask compares to it
     "esm": {"pad_token_id": 1},
     # BLIP-2's default leaves its image placeholder unset, and its forward looks for it
