@@ -184,13 +184,29 @@ def _required(
     found: dict[str, Any] = {}
     main = next((kwargs[n] for n in (main_input(model), *kwargs) if n in kwargs), None)
     for name in missing:
-        if name == "input_ids":
+        if name == "pixel_position_ids":
+            found.update(_positioned_patches(model, length, generator))
+        elif name == "input_ids":
             found.update(_tokens(model, length, generator))
         elif name == "pixel_values":
             found.update(_pixels(model, length, generator))
         elif name.endswith("_mask") and isinstance(main, torch.Tensor):
             found[name] = _mask(model, name, main)
     return found
+
+
+def _positioned_patches(model: torch.nn.Module, length: int, generator: Any) -> dict[str, Any]:
+    """Patches with their (x, y) positions (gemma4's vision tower): a square grid whose
+    side the pooling kernel divides, flattened per image."""
+    config = model.config
+    kernel = getattr(config, "pooling_kernel_size", 1) or 1
+    side = kernel * (1 if length == SEQ[0] else 2)
+    channels = getattr(config, "num_channels", 3)
+    width = channels * config.patch_size**2
+    ys, xs = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+    positions = torch.stack([xs.flatten(), ys.flatten()], -1)[None]
+    return {"pixel_values": torch.rand(1, side * side, width, generator=generator),
+            "pixel_position_ids": positions}  # fmt: skip
 
 
 def _mask(model: torch.nn.Module, name: str, main: torch.Tensor) -> torch.Tensor:
