@@ -214,6 +214,8 @@ def _shrunk(
             changes[key] = [STAGE_LISTS[key](i, v) for i, v in enumerate(value)]
         elif key in SHRINK and isinstance(value, int) and not isinstance(value, bool):
             changes[key] = min(value, SHRINK[key]) if key != "vocab_size" else SHRINK[key]
+        elif key == "image_size" and _pair(value):  # (height, width): hiera
+            changes[key] = [min(v, IMAGE) for v in value]
         elif key == "vocab_size" and value is None:  # esm's default leaves it to the checkpoint
             changes[key] = VOCAB
     for key in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id",
@@ -258,6 +260,12 @@ def _shrunk(
         merged = isinstance(value, dict) and isinstance(changes.get(key), dict)
         changes[key] = {**changes[key], **value} if merged else value
     return changes
+
+
+def _pair(value: Any) -> bool:
+    return (
+        isinstance(value, (list, tuple)) and len(value) == 2 and all(type(v) is int for v in value)
+    )
 
 
 def _is_sub_config(key: str, value: Any) -> bool:

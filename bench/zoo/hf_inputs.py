@@ -86,8 +86,7 @@ def _pixels(model: torch.nn.Module, length: int, generator: Any) -> dict[str, An
         return _flat_patches(model.config, generator, "pixel_values", grid, images=_batch(length))
     vision = _sub(model.config, "vision_config", "backbone_config")
     channels = getattr(vision, "num_channels", 3)
-    size = getattr(vision, "image_size", IMAGE)
-    size = size if isinstance(size, int) else IMAGE
+    size = _side(getattr(vision, "image_size", IMAGE))
     # ViTs interpolate nothing: the same size twice, batch 1 then 2
     return {"pixel_values": torch.randn(_batch(length), channels, size, size,
                                         generator=generator)}  # fmt: skip
@@ -227,7 +226,7 @@ def _beside_text(model: torch.nn.Module, generator: Any) -> dict[str, Any]:
     config = model.config
     parameters = inspect.signature(model.forward).parameters
     vision = config.vision_config
-    size = getattr(vision, "image_size", IMAGE)
+    size = _side(getattr(vision, "image_size", IMAGE))
     found = {"pixel_values": torch.randn(1, getattr(vision, "num_channels", 3), size, size,
                                          generator=generator)}  # fmt: skip
     if "image_grid_thw" in parameters:  # qwen2_vl, glm4v: patches, flat, and their grid
@@ -268,8 +267,7 @@ def _flat_patches(
     patches under ``grid``."""
     patch, frames = vision.patch_size, getattr(vision, "temporal_patch_size", 1)
     channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", 3)
-    side = getattr(vision, "image_size", IMAGE)
-    side = (side if isinstance(side, int) else IMAGE) // patch
+    side = _side(getattr(vision, "image_size", IMAGE)) // patch
     rows = torch.randn(images * side * side, channels * frames * patch * patch,
                        generator=generator)  # fmt: skip
     return {key: rows, grid: torch.tensor([[1, side, side]] * images)}
@@ -297,6 +295,13 @@ def _tiled(config: Any, image: torch.Tensor) -> torch.Tensor:
     size = image.shape[-1]
     tiles = image_size_to_num_patches((size, size), pinpoints, size)
     return image[:, None].expand(-1, tiles, -1, -1, -1).contiguous()
+
+
+def _side(size: Any) -> int:
+    """An image's side from a config's ``image_size``: an int, or (height, width) square."""
+    if isinstance(size, (list, tuple)) and size and type(size[0]) is int:
+        return size[0]
+    return size if type(size) is int else IMAGE
 
 
 def _sub(config: Any, *names: str) -> Any:

@@ -102,6 +102,7 @@ def test_a_tiny_model_runs_at_both_shapes(model_type: str, task: str) -> None:
         ("gemma3n_audio", "base"),  # mel frames and their (padding) mask
         ("bit", "image-classification"),  # group norms: the group count divides the widths
         ("diffllama", "causal-lm"),  # an override: key/value heads in pairs
+        ("hiera", "image-classification"),  # image_size as (height, width)
     ],
 )
 def test_inputs_follow_the_forward_signature(model_type: str, task: str) -> None:
