@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from bench.zoo.check_torch import Call, TorchCase
+from bench.zoo.hf_inputs import IMAGE, SEQ, VOCAB, inputs
 
 # (task, the auto mapping of its classes); a type gets a case per mapping that names it.
 TASKS: tuple[tuple[str, str], ...] = (
@@ -32,8 +33,8 @@ TASKS: tuple[tuple[str, str], ...] = (
 )
 GENERATIVE = ("causal-lm", "seq2seq-lm", "speech-seq2seq")
 
-WIDTH, HEADS, KV_HEADS, FFN, VOCAB, LAYERS = 32, 2, 1, 64, 128, 2
-IMAGE, PATCH = 32, 8
+WIDTH, HEADS, KV_HEADS, FFN, LAYERS = 32, 2, 1, 64, 2
+PATCH = 8
 MROPE_RATIO = (2, 3, 3)  # qwen2_vl's and glm4v's default M-RoPE sections, (16, 24, 24)
 HORIZON = 4  # a time-series model's prediction length, where its config leaves it unset
 IMAGE_TOKEN_KEYS = ("image_token_id", "image_token_index")
@@ -89,7 +90,14 @@ SHRINK: dict[str, Any] = {
     # the context (the prediction length, HORIZON, where the config leaves it unset)
     "label_length": HORIZON,
     "num_labels": 3,
+    # a group norm's groups: 2 divides every shrunk width (bit's 32 divide none of them)
+    "num_groups": 2,
+    "norm_num_groups": 2,
 }  # fmt: skip
+WIDTH_KEYS = frozenset(k for k, v in SHRINK.items() if v == WIDTH and "head" not in k)
+# Words of fields that end like a width but count something else
+WIDTH_FALSE_FRIENDS = ("vocab", "codebook", "position", "max_", "image", "patch", "window",
+                       "chunk", "batch", "cache", "num_", "sample", "kernel", "crop", "img")  # fmt: skip
 # List fields: one entry per stage, shrunk to small values, as many stages as before.
 STAGE_LISTS: dict[str, Callable[[int, int], int]] = {
     "depths": lambda i, v: 1,
@@ -114,9 +122,32 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # cache needs one (get_seq_length)
     "bamba": {"attn_layer_indices": [1]},
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
+    # EfficientNet's head width is computed (round_filters(1280)), not read from hidden_dim
+    "efficientnet": {"hidden_dim": 2560},
+    # DiffLlama's differential attention splits the values along pairs of key/value heads
+    "diffllama": {"num_key_value_heads": 2},
+    # ESMC's attention has no key/value groups
+    "esmc": {"num_key_value_heads": HEADS},
+    # dots3's sliding-window layers take MLA's query/key width as their head width
+    "dots3_note_text": {"head_dim": 16},
+    # Gemma-3n's last layers reuse earlier layers' caches: of the 2 kept, none can
+    "gemma3n_text": {"num_kv_shared_layers": 0},
+    # Fun-ASR-Nano's adaptor narrows to a quarter of the text model's width
+    "fun_asr_nano": {"adaptor_config": {"intermediate_size": WIDTH // 4}},
+    # Phonon's flow head is conditioned on the backbone's hidden states
+    "gradium_phonon_tts": {"flow_head_config": {"condition_dim": WIDTH}},
+    # HGNet-V2's stages are sized by stage_*_channels: hidden_sizes repeats their outputs
+    "hgnet_v2": {"hidden_sizes": [128, 512, 1024, 2048]},
+    # ESM's default leaves its padding id to the checkpoint, and its mask compares to it
+    "esm": {"pad_token_id": 1},
+    # BLIP-2's default leaves its image placeholder unset, and its forward looks for it
+    "blip-2": {"image_token_index": VOCAB - 1},
+    # BridgeTower's vision tower has a head per 64 of its width
+    "bridgetower": {"vision_config": {"hidden_size": 64}},
+    # DBRX's attention reads rope_theta and clip_qkv (clamped, None or not) from attn_config,
+    # which no longer declares the first
+    "dbrx": {"attn_config": {"kv_n_heads": 1, "rope_theta": 10000.0, "clip_qkv": 8.0}},
 }
-SEQ = (7, 5)  # the two calls' sequence lengths
-TOKENS_FROM = 4  # token ids start above the usual special ids (pad, bos, eos, unk)
 
 
 def model_types() -> list[str]:
@@ -157,21 +188,36 @@ def tiny_config(model_type: str) -> Any:
     default = cls()
     changes = _shrunk(default.to_dict(), OVERRIDES.get(model_type, {}))
     config = cls(**changes)
+    if not hasattr(config, "pad_token_id"):  # transformers 5 dropped it; emu3, dots3 read it
+        config.pad_token_id = None
     _with_mrope(config)
     config._attn_implementation = "eager"
     return config
 
 
-def _shrunk(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """The changed fields of one (sub-)config; sub-configs recurse."""
+def _shrunk(
+    values: dict[str, Any], overrides: dict[str, Any], widths: frozenset[int] = frozenset()
+) -> dict[str, Any]:
+    """The changed fields of one (sub-)config; sub-configs recurse. ``widths``: the
+    enclosing configs' widths, which fields of this one may repeat."""
     changes: dict[str, Any] = {}
+    subs = {k: v for k, v in values.items() if _is_sub_config(k, v)}
+    widths = widths | _widths(values) | {w for sub in subs.values() for w in _widths(sub)}
     for key, value in values.items():
-        if isinstance(value, dict) and ("model_type" in value or key.endswith("_config")):
-            changes[key] = {**value, **_shrunk(value, {})}
+        if key in subs:
+            # a type's overrides hold wherever its config is a sub-config too
+            sub = _shrunk(value, OVERRIDES.get(value.get("model_type"), {}), widths)
+            changes[key] = {**value, **sub}
+        elif _follows_width(key, value, widths):
+            changes[key] = WIDTH
         elif key in STAGE_LISTS and isinstance(value, (list, tuple)) and value:
             changes[key] = [STAGE_LISTS[key](i, v) for i, v in enumerate(value)]
         elif key in SHRINK and isinstance(value, int) and not isinstance(value, bool):
             changes[key] = min(value, SHRINK[key]) if key != "vocab_size" else SHRINK[key]
+        elif key == "image_size" and _pair(value):  # (height, width): hiera
+            changes[key] = [min(v, IMAGE) for v in value]
+        elif key == "vocab_size" and value is None:  # esm's default leaves it to the checkpoint
+            changes[key] = VOCAB
     for key in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id",
                 "sep_token_id", "cls_token_id", "mask_token_id", "unk_token_id"):  # fmt: skip
         if isinstance(values.get(key), int) and values[key] >= VOCAB:
@@ -209,8 +255,56 @@ def _shrunk(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]
     if "qk_head_dim" in values:  # MLA: the query/key width is nope + rope
         changes["qk_head_dim"] = SHRINK["qk_nope_head_dim"] + SHRINK["qk_rope_head_dim"]
     changes.update(_per_layer(values, changes))
-    changes.update(overrides)
+    changes.update(_mrope_in_dict(values, changes))
+    for key, value in overrides.items():  # a sub-config's override: merged into it
+        merged = isinstance(value, dict) and isinstance(changes.get(key), dict)
+        changes[key] = {**changes[key], **value} if merged else value
     return changes
+
+
+def _pair(value: Any) -> bool:
+    return (
+        isinstance(value, (list, tuple)) and len(value) == 2 and all(type(v) is int for v in value)
+    )
+
+
+def _is_sub_config(key: str, value: Any) -> bool:
+    return isinstance(value, dict) and ("model_type" in value or key.endswith("_config"))
+
+
+def _widths(values: dict[str, Any]) -> frozenset[int]:
+    """A config's widths (hidden_size, d_model, ...) before shrinking."""
+    return frozenset(v for k, v in values.items() if k in WIDTH_KEYS and type(v) is int)
+
+
+def _follows_width(key: str, value: Any, widths: frozenset[int]) -> bool:
+    """Whether a field is a width repeated by another name: an adapter's or a head's
+    input or output dimension equal to the model's (or a sibling model's) width
+    (dots3's ``adapter_out_dim``, Phonon's ``condition_dim``), which shrinks with it.
+    Widths below 256 are too common a number to tell a width from a count."""
+    named = key.endswith(("_dim", "_size", "_channels")) and not any(
+        word in key for word in WIDTH_FALSE_FRIENDS
+    )
+    return named and key not in SHRINK and type(value) is int and value >= 256 and value in widths
+
+
+def _sections(old: list[int], total: int) -> list[int]:
+    """M-RoPE sections in the ratio of ``old``, summing to ``total``."""
+    sections = [max(1, part * total // sum(old)) for part in old[:-1]]
+    return [*sections, total - sum(sections)]
+
+
+def _mrope_in_dict(values: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """A config that validates its M-RoPE sections when built (cosmos3_edge): sections
+    for the shrunk head, set before the config is."""
+    rope = values.get("rope_parameters")
+    if not isinstance(rope, dict) or not isinstance(rope.get("mrope_section"), list):
+        return {}
+    heads = changes.get("num_attention_heads", values.get("num_attention_heads")) or HEADS
+    head = changes.get("head_dim") or changes.get("hidden_size", WIDTH) // heads
+    rotary = rope.get("partial_rotary_factor") or values.get("partial_rotary_factor") or 1.0
+    total = int(head * rotary) // 2
+    return {"rope_parameters": {**rope, "mrope_section": _sections(rope["mrope_section"], total)}}
 
 
 def _with_mrope(config: Any) -> None:
@@ -220,16 +314,15 @@ def _with_mrope(config: Any) -> None:
     subs = [config, *(getattr(config, k, None) for k in getattr(config, "sub_configs", {}))]
     for sub in subs:
         rope = getattr(sub, "rope_parameters", None)
-        if "mrope_section" not in getattr(sub, "ignore_keys_at_rope_validation", ()) or (
-            not isinstance(rope, dict)
+        if not isinstance(rope, dict) or (
+            "mrope_section" not in getattr(sub, "ignore_keys_at_rope_validation", ())
+            and "mrope_section" not in rope
         ):
             continue
         head = getattr(sub, "head_dim", None) or sub.hidden_size // sub.num_attention_heads
         rotary = rope.get("partial_rotary_factor", getattr(sub, "partial_rotary_factor", 1.0))
         total = int(head * (rotary or 1.0)) // 2
-        old = rope.get("mrope_section") or MROPE_RATIO
-        sections = [max(1, part * total // sum(old)) for part in old[:-1]]
-        rope["mrope_section"] = [*sections, total - sum(sections)]
+        rope["mrope_section"] = _sections(rope.get("mrope_section") or MROPE_RATIO, total)
 
 
 def _mamba_heads(values: dict[str, Any], changes: dict[str, Any]) -> int:
@@ -287,13 +380,18 @@ def _layer_list(key: str, value: Any, n: int) -> bool:
     if isinstance(value, str):
         return "pattern" in key and len(value) == n
     listed = isinstance(value, (list, tuple)) and len(value) == n
-    return listed and ("layer" in key or "block" in key)
+    if not listed or key in STAGE_LISTS:  # a stage list is as long as the stages
+        return False
+    # a list as long as a deep model's layers, of few distinct entries, is one entry per
+    # layer (gemma3n's activation_sparsity_pattern) whatever its name; layer indices are not
+    repeats = n >= 8 and len({repr(v) for v in value}) <= n // 2
+    return "layer" in key or "block" in key or key in SHRINK or repeats
 
 
 def _shrunk_value(key: str, value: Any) -> Any:
     """A per-layer list's entry: an int of a shrunk field (``num_key_value_heads_per_layer``)
     shrinks as that field does."""
-    base = next((k for k in SHRINK if key.startswith(k + "_")), None)
+    base = next((k for k in SHRINK if key == k or key.startswith(k + "_")), None)
     if base is None or not isinstance(value, int) or isinstance(value, bool):
         return value
     return min(value, SHRINK[base])
@@ -309,7 +407,12 @@ def build(model_type: str, task: str) -> TorchCase:
     config = tiny_config(model_type)
     if task == "causal-lm" and getattr(config, "is_decoder", None) is False:
         config.is_decoder = True  # an encoder type's causal LM is its decoder (Reformer checks)
-    model = model_class(model_type, task)(config).eval()
+    cls = model_class(model_type, task)
+    wanted = getattr(cls, "config_class", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if wanted is not None and not isinstance(config, wanted) and isinstance(text, wanted):
+        config = text  # a multimodal type's causal LM is its text model (emu3, dots3)
+    model = cls(config).eval()
     calls = tuple(inputs(model, length) for length in SEQ)
     calls = tuple(_with_image_tokens(model, call) for call in calls)
     frames_first = model.main_input_name == "input_features" and not _runs(model, calls[0])
@@ -372,139 +475,3 @@ def _runs(model: torch.nn.Module, call: Call) -> bool:
 def _frames_first(call: Call) -> Call:
     args, kwargs = call
     return args, {**kwargs, "input_features": kwargs["input_features"].transpose(1, 2)}
-
-
-def _series(config: Any, model: torch.nn.Module, batch: int, generator: Any) -> dict[str, Any]:
-    """A time series' inputs: the context and the lags read before it (values and their
-    observed mask), and, where the model takes them, the time features of the past and
-    of the horizon (the future's values decode, as in training)."""
-    parameters = inspect.signature(model.forward).parameters
-    past = config.context_length + max(getattr(config, "lags_sequence", None) or [0])
-    channels = getattr(config, "input_size", None) or getattr(config, "num_input_channels", 1)
-    lagged = "past_time_features" in parameters  # the GluonTS-style models (1-d series)
-    shape = (batch, past) if lagged and channels == 1 else (batch, past, channels)
-    values = torch.randn(*shape, generator=generator)
-    mask = "past_observed_mask" if "past_observed_mask" in parameters else "observed_mask"
-    series = {"past_values": values, mask: torch.ones_like(values)}
-    if lagged:
-        features = config.num_time_features  # may be 0: the config counts them
-        horizon = config.prediction_length
-        series["past_time_features"] = torch.randn(batch, past, features, generator=generator)
-        series["future_time_features"] = torch.randn(batch, horizon, features,
-                                                     generator=generator)  # fmt: skip
-        series["future_values"] = torch.randn(batch, horizon, *shape[2:], generator=generator)
-    return series
-
-
-def _flat_patches(vision: Any, generator: Any) -> dict[str, Any]:
-    """One image as a Qwen2-VL-style processor writes it: a row per patch (channels times
-    frames times pixels), and its grid (frames, rows, columns) in patches."""
-    patch, frames = vision.patch_size, getattr(vision, "temporal_patch_size", 1)
-    channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", 3)
-    side = getattr(vision, "image_size", IMAGE)
-    side = (side if isinstance(side, int) else IMAGE) // patch
-    rows = torch.randn(side * side, channels * frames * patch * patch, generator=generator)
-    return {"pixel_values": rows, "image_grid_thw": torch.tensor([[1, side, side]])}
-
-
-def _reads_image_sizes(model: torch.nn.Module) -> bool:
-    """Whether the model reads ``image_sizes``: anyres tiles (llava_next), or a vision
-    tower that takes them (mistral3's Pixtral); llava's CLIP tower refuses them."""
-    config = model.config
-    if getattr(config, "image_grid_pinpoints", None):
-        return True
-    towers = [m for m in model.modules() if getattr(m, "config", None) is config.vision_config]
-    return any("image_sizes" in inspect.signature(m.forward).parameters for m in towers)
-
-
-def _tiled(config: Any, image: torch.Tensor) -> torch.Tensor:
-    """An image as anyres models read it (llava_next's ``image_grid_pinpoints``): the tiles
-    of the grid its size picks, after the whole image resized, as the processor cuts them;
-    other models take the image as it is."""
-    pinpoints = getattr(config, "image_grid_pinpoints", None)
-    if not pinpoints:
-        return image
-    from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
-
-    size = image.shape[-1]
-    tiles = image_size_to_num_patches((size, size), pinpoints, size)
-    return image[:, None].expand(-1, tiles, -1, -1, -1).contiguous()
-
-
-def _sub(config: Any, *names: str) -> Any:
-    for name in names:
-        sub = getattr(config, name, None)
-        if sub is not None:
-            return sub
-    return config
-
-
-def inputs(model: torch.nn.Module, length: int, *, for_generate: bool = False) -> Call:
-    """Inputs from the model's ``main_input_name`` and config, for a sequence of
-    ``length`` (images and audio scale with it: two calls, two shapes)."""
-    config = model.config
-    generator = torch.Generator().manual_seed(length)
-    main = getattr(model, "main_input_name", "input_ids")
-    kwargs: dict[str, Any] = {}
-    if main == "input_ids":
-        vocab = getattr(_sub(config, "text_config", "decoder"), "vocab_size", VOCAB) or VOCAB
-        # below the last id, which a vision-language model's image placeholder takes
-        ids = torch.randint(TOKENS_FROM, max(TOKENS_FROM + 1, vocab - 1), (1, length),
-                            generator=generator)  # fmt: skip
-        kwargs["input_ids"] = ids
-        kwargs["attention_mask"] = torch.ones_like(ids)
-    elif main == "pixel_values":
-        vision = _sub(config, "vision_config", "backbone_config")
-        channels = getattr(vision, "num_channels", 3)
-        size = getattr(vision, "image_size", IMAGE)
-        size = size if isinstance(size, int) else IMAGE
-        scale = 1 if length == SEQ[0] else 2  # ViTs interpolate nothing: same size twice
-        kwargs["pixel_values"] = torch.randn(scale, channels, size, size, generator=generator)
-    elif main == "input_features":
-        mels = getattr(config, "num_mel_bins", 16)
-        frames = 2 * getattr(config, "max_source_positions", 16)
-        if getattr(config, "model_type", "") != "whisper":
-            frames = 8 * length
-        kwargs["input_features"] = torch.randn(1, mels, frames, generator=generator)
-    elif main == "past_values":  # a time series: the config fixes its lengths, not the batch
-        kwargs.update(_series(config, model, 1 if length == SEQ[0] else 2, generator))
-    elif (
-        main == "input_values"
-        and isinstance(getattr(config, "max_length", None), int)
-        and (isinstance(getattr(config, "num_mel_bins", None), int))
-    ):  # a spectrogram of fixed frames and mel bins (its positions are learnt per patch)
-        batch = 1 if length == SEQ[0] else 2
-        kwargs["input_values"] = torch.randn(batch, config.max_length, config.num_mel_bins,
-                                             generator=generator)  # fmt: skip
-    elif main == "input_values":
-        kwargs["input_values"] = torch.randn(1, 400 * length, generator=generator)
-    else:
-        raise NotImplementedError(f"no input builder for main_input_name {main!r}")
-    parameters = inspect.signature(model.forward).parameters
-    if main != "pixel_values" and "pixel_values" in parameters and hasattr(config, "vision_config"):
-        # a dual encoder (CLIP-like) reads both: the image of the vision config's size
-        vision = config.vision_config
-        size = getattr(vision, "image_size", IMAGE)
-        kwargs["pixel_values"] = torch.randn(1, getattr(vision, "num_channels", 3), size, size,
-                                             generator=generator)  # fmt: skip
-        if "image_grid_thw" in parameters:  # qwen2_vl, glm4v: patches, flat, and their grid
-            kwargs.update(_flat_patches(vision, generator))
-        if "image_sizes" in parameters and _reads_image_sizes(model):
-            kwargs["image_sizes"] = torch.tensor([[size, size]])  # each image's own size
-            kwargs["pixel_values"] = _tiled(config, kwargs["pixel_values"])
-    if "bbox" in parameters and "input_ids" in kwargs:  # layout models: a box per token
-        corner = torch.randint(0, 64, (1, length, 2), generator=generator)
-        kwargs["bbox"] = torch.cat([corner, corner + torch.randint(1, 32, (1, length, 2),
-                                                                   generator=generator)], -1)  # fmt: skip
-    query = parameters.get("query_embeds")
-    if query is not None and query.default is inspect.Parameter.empty:  # a Q-Former alone
-        kwargs["query_embeds"] = torch.randn(1, 4, config.hidden_size, generator=generator)
-    start = getattr(config, "decoder_start_token_id", None) or 0
-    if getattr(config, "is_encoder_decoder", False):
-        if for_generate:  # transformers 5 reads it from the generation config only
-            kwargs["decoder_start_token_id"] = start
-        else:
-            kwargs["decoder_input_ids"] = torch.full((1, 3), start)
-    if for_generate:
-        kwargs.pop("attention_mask", None) if main != "input_ids" else None
-    return (), kwargs

@@ -91,3 +91,39 @@ def test_a_tiny_model_runs_at_both_shapes(model_type: str, task: str) -> None:
             case.model(*args, **kwargs)
         shapes.append([tuple(v.shape) for v in kwargs.values() if isinstance(v, torch.Tensor)])
     assert shapes[0] != shapes[1]  # two calls, two shapes
+
+
+@pytest.mark.parametrize(
+    ("model_type", "task"),
+    [
+        ("glm4v_vision", "base"),  # a vision tower: flat patches as hidden_states, and the grid
+        ("cosmos3_edge_vision", "base"),  # flat patches as pixel_values
+        ("decision_transformer", "base"),  # a trajectory: states, actions, rewards, ...
+        ("gemma3n_audio", "base"),  # mel frames and their (padding) mask
+        ("bit", "image-classification"),  # group norms: the group count divides the widths
+        ("diffllama", "causal-lm"),  # an override: key/value heads in pairs
+        ("hiera", "image-classification"),  # image_size as (height, width)
+    ],
+)
+def test_inputs_follow_the_forward_signature(model_type: str, task: str) -> None:
+    case = hf.build(model_type, task)
+    shapes = []
+    for args, kwargs in case.calls:
+        with torch.no_grad():
+            case.model(*args, **kwargs)  # runs: every required parameter is given
+        shapes.append([tuple(v.shape) for v in kwargs.values() if isinstance(v, torch.Tensor)])
+    assert shapes[0] != shapes[1]  # two calls, two shapes
+
+
+def test_a_width_repeated_by_another_name_shrinks_with_it() -> None:
+    # dots3: its adapters map the vision and audio widths to the text model's width
+    tiny = hf.tiny_config("dots3_note")
+    assert tiny.vision_config.adapter_in_dim == tiny.vision_config.hidden_size
+    assert tiny.vision_config.adapter_out_dim == tiny.text_config.hidden_size
+    # an override of a sub-config's type holds where that config is a sub-config
+    assert tiny.text_config.head_dim == hf.OVERRIDES["dots3_note_text"]["head_dim"]
+
+
+def test_mrope_sections_fit_the_shrunk_head_before_the_config_validates() -> None:
+    tiny = hf.tiny_config("cosmos3_edge_text")  # it checks the sections when built
+    assert sum(tiny.rope_parameters["mrope_section"]) == tiny.head_dim // 2
