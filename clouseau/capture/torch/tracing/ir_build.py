@@ -22,6 +22,7 @@ from clouseau.capture._common import (
 from clouseau.capture.torch._quiet import quiet_export
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.flop_ops import category
+from clouseau.capture.torch.naming.points import free_name
 from clouseau.capture.torch.tracing.elements import module_outputs, with_elements
 from clouseau.capture.torch.tracing.export import trace_export
 from clouseau.capture.torch.tracing.fx import trace_fx
@@ -233,10 +234,14 @@ def build_graph(
     by_fx: dict[str, str] = {}
     taken: set[str] = set()
     static: set[str] = set()  # nodes that depend on no input
+    points = {n for i in traced.infos.values() if i.kind is not NodeKind.OUTPUT
+              for n in (i.name, *i.aliases)}  # fmt: skip
     for fx_node in traced.gm.graph.nodes:
         info = traced.infos.get(fx_node.name)
         if info is None:
             continue
+        if info.kind is NodeKind.OUTPUT:  # a module called `output` keeps its name
+            info = replace(info, name=free_name(info.name, points))
         inputs = tuple(Ref(by_fx[a.name]) for a in _flat_inputs(fx_node) if a.name in by_fx)
         outputs = (
             ()
