@@ -119,6 +119,7 @@ def expand(
         if info is None or not info.module_output or not leaves:
             continue
         renamed, bases, whole = _bases(info, node.op == "call_module")
+        taken.difference_update(whole)  # they move from the container to its first tensor
         anchor = node
         for position, leaf in enumerate(leaves):
             names = [b + leaf.suffix for b in bases] + (whole if position == 0 else [])
@@ -146,13 +147,12 @@ def _bases(info: NodeInfo, call: bool) -> tuple[NodeInfo, list[str], list[str]]:
     to its first tensor: a module call's own name (the container is then
     ``<name>:tuple``) and every alias without a ``:``; a ``<name>:tuple`` call's leaves
     extend ``<name>``."""
-    if info.name.endswith(TUPLE):
-        return info, [info.name[: -len(TUPLE)]], []
-    names = [info.name, *info.aliases] if call else list(info.aliases)
-    whole = [n for n in names if ":" not in n]
+    indexed = info.name.endswith(TUPLE)
+    own = [info.name[: -len(TUPLE)]] if indexed else [info.name] if call else []
+    whole = [a for a in (*own[indexed:], *info.aliases) if ":" not in a]
     kept = tuple(a for a in info.aliases if ":" in a)
-    name = info.name + TUPLE if call else info.name
-    return replace(info, name=name, aliases=kept), names, whole
+    name = info.name + TUPLE if call and not indexed else info.name
+    return replace(info, name=name, aliases=kept), [*own, *info.aliases], whole
 
 
 def module_outputs(traced: Traced) -> frozenset[str]:
