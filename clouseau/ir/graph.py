@@ -323,7 +323,8 @@ class Graph:
         constant marked :data:`VARIES` (state the call assigns), are points whatever their
         inputs: they change between iterations or calls.
         A module's output is a point all the same (attr ``module_output``): a module fed
-        only by buffers (a position embedding) is still a module call a user selects. A
+        only by buffers (a position embedding), or one that returns a parameter itself
+        (a bias it leaves to its caller), is still a module call a user selects. A
         frontend may make any value a point that only its exact name selects (attr
         ``point="exact"``, :attr:`Point.exact_only`): torch does so for parameters, buffers
         and non-tensor values, which torchvision's feature extraction names.
@@ -333,9 +334,10 @@ class Graph:
             if node.kind in INSTRUMENTATION or node.kind is NodeKind.OUTPUT:
                 continue
             exact = node.attr("point") == "exact"
-            if node.kind is NodeKind.CONSTANT and not exact:
+            module_output = node.attr("module_output")
+            if node.kind is NodeKind.CONSTANT and not (exact or module_output):
                 continue
-            if node.name in self._static and not (node.attr("module_output") or exact):
+            if node.name in self._static and not (module_output or exact):
                 continue
             for i, spec in enumerate(node.outputs):
                 if isinstance(spec, TensorSpec):

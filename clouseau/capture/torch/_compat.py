@@ -67,11 +67,28 @@ def dynamo_exception() -> type[BaseException]:
     return TorchDynamoException
 
 
+# The modules of forward hooks a model library installs as part of its own forward:
+# transformers' output capturing (``capture_outputs``, 5.x; ``check_model_inputs``, 4.5x)
+# collects ``hidden_states`` and ``attentions`` through hooks on its layers, while forward
+# runs, into the output it returns. They are the model's code: the tracers trace them.
+_MODEL_HOOK_MODULES = ("transformers.utils.output_capturing", "transformers.utils.generic")
+
+
+def is_model_hook(hook: Any) -> bool:
+    """Whether ``hook`` is part of the model's own forward (see ``_MODEL_HOOK_MODULES``):
+    it runs while the model is traced, as its forward does, and never again in the graph
+    (outside the library's forward it does nothing)."""
+    return getattr(hook, "__module__", None) in _MODEL_HOOK_MODULES
+
+
 def user_forward_hooks(module: torch.nn.Module) -> dict[int, Any]:
     """``module``'s forward hooks without clouseau's own (:mod:`runtime.hooks`), which save
-    nothing while a model is traced and are no user's code to reproduce in a graph."""
+    nothing while a model is traced and are no user's code to reproduce in a graph, and
+    without the model library's own (:func:`is_model_hook`), which are traced."""
     return {
-        k: h for k, h in module._forward_hooks.items() if not getattr(h, "clouseau_hook", False)
+        k: h
+        for k, h in module._forward_hooks.items()
+        if not getattr(h, "clouseau_hook", False) and not is_model_hook(h)
     }
 
 

@@ -271,6 +271,17 @@ class LocalNamer:
             self.last[match.group(1)] = int(match.group(2))
 
 
+def free_name(name: str, taken: Iterable[str]) -> str:
+    """``name`` where no point takes it, else the first free ``<name>_<k>``: the graph's
+    own nodes (``input``, ``output``) yield to a module whose path is ``output``."""
+    used = set(taken)
+    found, k = name, 0
+    while found in used:
+        k += 1
+        found = f"{name}_{k}"
+    return found
+
+
 def qualify(module_path: str, local: str) -> str:
     return f"{module_path}.{local}" if module_path else local
 

@@ -37,7 +37,12 @@ import torch
 
 from clouseau.capture.torch._compat import tensor_version
 from clouseau.capture.torch.flop_ops import category
-from clouseau.capture.torch.naming.points import PointNamer, element_names, element_paths
+from clouseau.capture.torch.naming.points import (
+    PointNamer,
+    element_names,
+    element_paths,
+    free_name,
+)
 from clouseau.capture.torch.runtime.hook_selection import hooked_paths, module_paths_selected
 from clouseau.capture.torch.runtime.host import THROUGH_BITS, to_numpy
 from clouseau.capture.torch.tracing.specs import spec_of
@@ -380,15 +385,16 @@ class ModuleHooks:
 
     def _module_graph(self, values: dict[int, tuple[list[str], str, str, Any]]) -> Graph:
         # The inputs as one opaque value: module outputs are the points of this path.
-        nodes = [Node("input", NodeKind.INPUT, "input", outputs=(OpaqueSpec("inputs"),))]
         namer = PointNamer(self._model)
+        source = free_name("input", (n for ns, _, _, _ in values.values() for n in ns))
+        nodes = [Node(source, NodeKind.INPUT, "input", outputs=(OpaqueSpec("inputs"),))]
         for value_names, path, kind, (shape, dtype) in values.values():
             nodes.append(
                 Node(
                     name=value_names[0],
                     kind=NodeKind.OP,
                     op=kind.lower(),
-                    inputs=(Ref("input"),),
+                    inputs=(Ref(source),),
                     outputs=(spec_of(torch.empty(shape, dtype=dtype, device="meta")),),
                     module=namer.path(path),
                     module_type=kind,
@@ -396,7 +402,8 @@ class ModuleHooks:
                     attrs=(("module_output", True), *category_attr(category(kind))),
                 )
             )
-        nodes.append(Node("output", NodeKind.OUTPUT, "output"))
+        taken = {n for node in nodes for n in (node.name, *(a for _, a in node.aliases))}
+        nodes.append(Node(free_name("output", taken), NodeKind.OUTPUT, "output"))
         if self._module_infos is None:
             self._module_infos = tuple(
                 ModuleInfo(path, type(m).__name__, sum(p.numel() for p in m.parameters()))

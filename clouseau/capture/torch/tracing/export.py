@@ -112,6 +112,8 @@ def trace_export(
         with graph.inserting_before(node):
             getter = graph.create_node("get_attr", target)
         getter.meta = dict(node.meta)
+        if node in marked:  # a module that returns a weight (a bias it adds later)
+            marked[getter] = marked.pop(node)
         node.replace_all_uses_with(getter)
         graph.erase_node(node)
         weight_kind[getter.name] = (_WEIGHTS[spec.kind], target)

@@ -27,6 +27,7 @@ import torch.fx as fx
 from clouseau.capture.torch._compat import (
     forward_hooks_of,
     forward_hooks_with_kwargs,
+    is_model_hook,
     tree_flatten,
     tree_unflatten,
     user_forward_hooks,
@@ -94,6 +95,8 @@ def run_hooks(
     """The forward hooks as ``nn.Module.__call__`` runs them: a hook's result, if not
     None, replaces the output."""
     for key, hook in list(hooks.items()):
+        if is_model_hook(hook):  # the model's own: it ran while the model was traced
+            continue
         found = hook(module, args, kwargs, out) if key in with_kwargs else hook(module, args, out)
         if found is not None:
             out = found
@@ -106,24 +109,34 @@ def deferring(model: torch.nn.Module, state: Callable[[], tuple[Any, ...]]) -> I
     deferred = Deferred(state=state())
     handles = []
     # The model's own hooks run around the graph (InstrumentedModule.forward), not in it.
-    own = dict(forward_hooks_of(model))
+    kept = {model: dict(forward_hooks_of(model))}
     forward_hooks_of(model).clear()
     for module in model.modules():
-        if module is model or not user_forward_hooks(module):
+        hooks = user_forward_hooks(module)
+        if module is model or not hooks:
             continue
-        deferred.hooks[module] = dict(forward_hooks_of(module))
+        kept[module] = dict(forward_hooks_of(module))
+        deferred.hooks[module] = hooks
         deferred.with_kwargs[module] = set(forward_hooks_with_kwargs(module))
         deferred.pending[module] = []
-        forward_hooks_of(module).clear()
+        set_aside(module, hooks)
         handles.append(module.register_forward_pre_hook(_pre(deferred, state), with_kwargs=True))
     try:
         yield deferred
     finally:
         for handle in handles:
             handle.remove()
-        for module, hooks in [*deferred.hooks.items(), (model, own)]:
+        for module, hooks in kept.items():
             forward_hooks_of(module).clear()
             forward_hooks_of(module).update(hooks)
+
+
+def set_aside(module: torch.nn.Module, hooks: dict[int, Any]) -> None:
+    """Take ``hooks`` (the user's) out of ``module``'s live forward hooks; the model
+    library's own stay and run while the model is traced."""
+    live = forward_hooks_of(module)
+    for key in hooks:
+        live.pop(key, None)
 
 
 def _pre(deferred: Deferred, state: Callable[[], tuple[Any, ...]]) -> Any:

@@ -26,7 +26,7 @@ from clouseau.capture.torch.naming.points import (
     target_name,
 )
 from clouseau.capture.torch.tracing.builtins import python_path
-from clouseau.capture.torch.tracing.export_hooks import hooks_runner, run_hooks
+from clouseau.capture.torch.tracing.export_hooks import hooks_runner, run_hooks, set_aside
 from clouseau.capture.torch.tracing.sources import source_from_stack
 from clouseau.capture.torch.tracing.traced import (
     InputPicker,
@@ -150,7 +150,7 @@ class NamingTracer(fx.Tracer):
         hooks = None if leaf or not user_forward_hooks(m) else dict(forward_hooks_of(m))
         try:
             if hooks is not None:  # traced through: the hooks would run once, on proxies
-                forward_hooks_of(m).clear()
+                set_aside(m, user_forward_hooks(m))
             out = (
                 through(*args, **kwargs)
                 if through
@@ -158,6 +158,7 @@ class NamingTracer(fx.Tracer):
             )
         finally:
             if hooks is not None:
+                forward_hooks_of(m).clear()
                 forward_hooks_of(m).update(hooks)
         try:
             if hooks is not None:  # named inside the module: <path>.forward_hooks

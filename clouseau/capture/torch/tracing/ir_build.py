@@ -22,6 +22,8 @@ from clouseau.capture._common import (
 from clouseau.capture.torch._quiet import quiet_export
 from clouseau.capture.torch._sync import TRACE_LOCK
 from clouseau.capture.torch.flop_ops import category
+from clouseau.capture.torch.naming.points import free_name
+from clouseau.capture.torch.tracing.elements import module_outputs, with_elements
 from clouseau.capture.torch.tracing.export import LeafShapes, trace_export
 from clouseau.capture.torch.tracing.fx import trace_fx
 from clouseau.capture.torch.tracing.live import PROVISIONAL, LivePlan
@@ -160,6 +162,7 @@ def _trace_model(
                     f"torch.export: {first_line(export_error)}",
                 ),
             ) from export_error
+    traced, facts, first = with_elements(traced, facts, first)
     if traced.opaque_outputs:
         listed = ", ".join(f"{path} ({kind})" for path, kind in traced.opaque_outputs)
         warnings.warn(
@@ -180,7 +183,7 @@ def _trace_model(
 def _probe(
     traced: Traced, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Probe, None]:
-    return probe(traced.gm, model, traced.to_inputs(args, kwargs)), None
+    return probe(traced.gm, model, traced.to_inputs(args, kwargs), module_outputs(traced)), None
 
 
 def _live_probe(
@@ -203,7 +206,8 @@ def _live_probe(
             # A name the graph has only once its shapes are known (a canonical name of an
             # fx-traced model): probe on copies first; the call then runs instrumented.
             return _probe(traced, model, args, kwargs)
-    return probe_call(traced.gm, model, traced.to_inputs(args, kwargs), plan)
+    inputs = traced.to_inputs(args, kwargs)
+    return probe_call(traced.gm, model, inputs, plan, module_outputs(traced))
 
 
 def _traced_spec(node: fx.Node | None) -> Spec:
@@ -231,10 +235,14 @@ def build_graph(
     by_fx: dict[str, str] = {}
     taken: set[str] = set()
     static: set[str] = set()  # nodes that depend on no input
+    points = {n for i in traced.infos.values() if i.kind is not NodeKind.OUTPUT
+              for n in (i.name, *i.aliases)}  # fmt: skip
     for fx_node in traced.gm.graph.nodes:
         info = traced.infos.get(fx_node.name)
         if info is None:
             continue
+        if info.kind is NodeKind.OUTPUT:  # a module called `output` keeps its name
+            info = replace(info, name=free_name(info.name, points))
         inputs = tuple(Ref(by_fx[a.name]) for a in _flat_inputs(fx_node) if a.name in by_fx)
         outputs = (
             ()

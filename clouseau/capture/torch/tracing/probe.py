@@ -11,7 +11,7 @@ buffers (BatchNorm running statistics) are restored and the RNG is forked.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +21,7 @@ import torch.fx as fx
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 from clouseau.capture.torch._compat import tensor_version, tree_leaves
+from clouseau.capture.torch.tracing.elements import Leaf, leaves_of
 from clouseau.capture.torch.tracing.live import GradCell, LivePlan
 from clouseau.capture.torch.tracing.specs import is_plain_value, spec_of
 from clouseau.ir.graph import Spec
@@ -42,6 +43,8 @@ class Probe:
     mutated_later: frozenset[str]
     escapes: frozenset[str]
     plain: frozenset[str] = frozenset()  # values that are Python scalars, shapes or None
+    # The tensors inside each container-valued module output (tracing/elements.py).
+    containers: Mapping[str, tuple[Leaf, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,11 +67,18 @@ class FirstRun:
 
 class _Recorder(fx.Interpreter):
     def __init__(
-        self, gm: fx.GraphModule, *, keep: bool = False, plan: LivePlan | None = None
+        self,
+        gm: fx.GraphModule,
+        *,
+        keep: bool = False,
+        plan: LivePlan | None = None,
+        outputs: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__(gm, garbage_collect_values=False)  # keep storages alive and distinct
         self.keep = keep
         self.plan = plan
+        self.outputs = outputs  # the module outputs, whose containers' leaves are recorded
+        self.containers: dict[str, tuple[Leaf, ...]] = {}
         self.values: dict[str, Any] = {}
         self.changed: dict[str, Any] = {}
         self.plain: set[str] = set()
@@ -92,6 +102,8 @@ class _Recorder(fx.Interpreter):
             # A copy taken now: a later in-place op may change the value itself.
             self.values[n.name] = result.detach().clone()
         self.specs[n.name] = spec_of(result)
+        if n.name in self.outputs and not isinstance(result, torch.Tensor):
+            self.containers[n.name] = leaves_of(result, spec_of, self.keep)
         self.storages[n.name] = {_storage(t) for t in _tensors(result)}
         if self.plan is not None:
             result = self._change(n.name, result)
@@ -106,9 +118,15 @@ class _Recorder(fx.Interpreter):
         return changed
 
 
-def probe(gm: fx.GraphModule, model: torch.nn.Module, inputs: tuple[Any, ...]) -> Probe:
-    """Run ``gm`` once on copies of ``inputs``, leaving ``model``'s state and the RNG as they were."""
-    recorder = _Recorder(gm)
+def probe(
+    gm: fx.GraphModule,
+    model: torch.nn.Module,
+    inputs: tuple[Any, ...],
+    outputs: frozenset[str] = frozenset(),
+) -> Probe:
+    """Run ``gm`` once on copies of ``inputs``, leaving ``model``'s state and the RNG as they
+    were; ``outputs``: the module outputs' fx names (their containers' leaves are kept)."""
+    recorder = _Recorder(gm, outputs=outputs)
     copies = tuple(_copy(x) for x in inputs)
     with torch.no_grad(), restoring_buffers(model), _forked_rng(inputs):
         recorder.run(*copies)
@@ -120,6 +138,7 @@ def probe_call(
     model: torch.nn.Module,
     inputs: tuple[Any, ...],
     plan: LivePlan | None = None,
+    outputs: frozenset[str] = frozenset(),
 ) -> tuple[Probe, FirstRun]:
     """Run ``gm`` on ``inputs`` as the user's call itself: hooks, buffers, RNG move once.
 
@@ -127,7 +146,7 @@ def probe_call(
     it was produced, from which the call's saves are taken: nothing runs twice. ``plan``
     applies the interventions and gradient taps of the graph that later calls run.
     """
-    recorder = _Recorder(gm, keep=True, plan=plan)
+    recorder = _Recorder(gm, keep=True, plan=plan, outputs=outputs)
     output = _plain(recorder.run(*inputs))
     grads = plan.grads if plan is not None else None
     return _facts(gm, model, recorder), FirstRun(output, recorder.values, recorder.changed, grads)
@@ -162,6 +181,7 @@ def _facts(gm: fx.GraphModule, model: torch.nn.Module, recorder: _Recorder) -> P
         frozenset(mutated_later),
         _escapes(gm, model, recorder),
         frozenset(recorder.plain),
+        recorder.containers,
     )
 
 
