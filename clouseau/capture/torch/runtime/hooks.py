@@ -199,7 +199,9 @@ class ModuleHooks:
         if not self._installed:
             self._install()
         with self._lock:
-            self._open(self._model)
+            self._thread = self._active = get_ident()  # _open, inline: it runs every call
+            if self._met or self._tensors:
+                self._clear()
             try:
                 out = self._model(*args, **kwargs)
             except BaseException as error:
@@ -282,7 +284,10 @@ class ModuleHooks:
             raise
         self._begun = True
         self._thread = self._active = self._root = None
-        self._clear()
+        self._met = []  # _clear, inline (the previous list may be _last's key)
+        self._arrays.clear()
+        self._tensors.clear()
+        self._seen.clear()
         if put is not None:
             try:
                 sink.put(call, put[0], put[1])
