@@ -32,9 +32,9 @@ class Calls:
     def begin(self) -> int:
         if self.stopped or self.closed:  # the check is a call only where it raises
             self.check_open()
-        call, self.next_call = self.next_call, self.next_call + 1
-        self.order[call] = 0
-        return call
+        call = self.next_call
+        self.next_call = call + 1
+        return call  # no order entry yet (order.get(call, 0)): a call that puts nothing adds none
 
     def records(
         self, call: int, graph_id: int, values: Sequence[SavedValue]
@@ -160,27 +160,28 @@ class MemorySink:
             return len(self._calls.graphs) - 1
 
     def begin_call(self) -> int:
-        with self._calls.lock:
-            return self._calls.begin()
+        calls = self._calls
+        with calls.lock:
+            return calls.begin()
 
     def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
+        # Plain tuples of strings and arrays, not SavedValue objects: the garbage
+        # collector stops tracking them, so a long capture does not make every
+        # collection (and so every call) slower. A SavedBatch's names are its Saves' own
+        # tuples, shared by every call of the graph.
+        if type(values) is SavedBatch:  # the per-call path: no frame, nothing per value
+            names, nodes, indices = values.saves.names, values.saves.nodes, None
+            arrays = values.arrays
+        else:
+            names, nodes, arrays, indices = columns(values)
+        for array in arrays:  # the caller's own arrays: checked outside the lock
+            if type(array) is not np.ndarray or array.dtype not in _NATIVE:
+                arrays = _converted(names, arrays)
+                break
         calls = self._calls
         with calls.lock:
             if calls.stopped or calls.closed:
                 calls.check_open()
-            # Plain tuples of strings and arrays, not SavedValue objects: the garbage
-            # collector stops tracking them, so a long capture does not make every
-            # collection (and so every call) slower. A SavedBatch's names are its
-            # Saves' own tuples, shared by every call of the graph.
-            if type(values) is SavedBatch:  # the per-call path: no frame, nothing per value
-                names, nodes, indices = values.saves.names, values.saves.nodes, None
-                arrays = values.arrays
-            else:
-                names, nodes, arrays, indices = columns(values)
-            for array in arrays:
-                if type(array) is not np.ndarray or array.dtype not in _NATIVE:
-                    arrays = _converted(names, arrays)
-                    break
             order = calls.order.get(call, 0)
             calls.order[call] = order + len(arrays)
             self._pending.append((call, graph_id, order, names, nodes, arrays, indices))

@@ -66,3 +66,4 @@ def test_two_runs_that_trace_at_once_do_not_deadlock() -> None:
     _join([threading.Thread(target=worker, args=(n,)) for n in ("a", "b")])
     assert sorted(order) == ["a", "a ran", "b", "b ran"]
     assert lock._readers == 0 and lock._writer is None and lock._waiting == 0
+    assert lock._mine() == 0

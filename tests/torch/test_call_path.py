@@ -128,4 +128,4 @@ def test_the_trace_lock_is_released_after_every_call() -> None:
             fm(torch.randn(2, 3))  # a cached signature whose run fails
         assert sink.status == ([] if select is None else ["end", "fail"])
         assert TRACE_LOCK._readers == 0 and TRACE_LOCK._writer is None
-        assert getattr(TRACE_LOCK._local, "readers", 0) == 0
+        assert TRACE_LOCK._mine() == 0

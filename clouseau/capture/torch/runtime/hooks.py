@@ -46,6 +46,7 @@ from clouseau.capture.torch.naming.points import (
 from clouseau.capture.torch.runtime.hook_selection import hooked_paths, module_paths_selected
 from clouseau.capture.torch.runtime.host import THROUGH_BITS, to_numpy
 from clouseau.capture.torch.tracing.specs import spec_of
+from clouseau.ir.errors import CaptureError
 from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref, TraceKind
 from clouseau.ir.passes import insert_saves
@@ -78,10 +79,8 @@ class _Hook:
         where = owner._where.get(id(module))
         if where is None:  # a copy of the model shares the hook
             return
-        if owner._call == _DEFERRED:
-            owner._begin_deferred()
         if isinstance(out, torch.Tensor):  # most modules: one value, no element walk
-            owner._met.append((where, (("", owner._value(out), out.dim(), out.dtype),)))
+            owner._met.append((where, owner._value(out), out.dim(), out.dtype))
             return
         elements = tuple(
             (s, owner._value(v), v.dim(), v.dtype)
@@ -116,11 +115,14 @@ def _no_hook(module: torch.nn.Module, args: Any, out: Any) -> None:
     return None
 
 
-_DEFERRED = -1  # a first call not begun in the sink yet
 # One module output met in a call: ((path, module type), ((suffix, value index, rank,
-# dtype), ...)); the values, copied to the host, are listed once per call. The sequence
-# of a call's outputs is the key of its graph.
-_Met = tuple[tuple[str, str], tuple[tuple[str, int, int, Any], ...]]
+# dtype), ...)), or ((path, module type), value index, rank, dtype) for a tensor (most
+# modules: one tuple per value); the values, copied to the host, are listed once per call.
+# The sequence of a call's outputs is the key of its graph.
+_Met = (
+    tuple[tuple[str, str], tuple[tuple[str, int, int, Any], ...]]
+    | tuple[tuple[str, str], int, int, Any]
+)
 # What a sequence of module outputs saves, computed at its first call: the graph id, the
 # indices of the saved values among the call's (None: all of them, in order) and their
 # names and nodes.
@@ -179,9 +181,8 @@ class ModuleHooks:
         # thread a root's call opens in (``installed``).
         self._thread: int | None = None
         self._active: int | None = None
-        self._call: int | None = None
         self._root: torch.nn.Module | None = None
-        self._begun = False  # whether a call has begun in the sink
+        self._begun = False  # whether a call has begun in the sink (see _close)
         self._met: list[_Met] = []
         # Per value of the open call: its host copy, and the tensor (kept alive till the
         # call ends, so that no other tensor takes its id).
@@ -203,7 +204,9 @@ class ModuleHooks:
         if not self._installed:
             self._install()
         with self._lock:
-            self._open(self._model)
+            self._thread = self._active = get_ident()  # _open, inline: it runs every call
+            if self._met or self._tensors:
+                self._clear()
             try:
                 out = self._model(*args, **kwargs)
             except BaseException as error:
@@ -226,7 +229,7 @@ class ModuleHooks:
             try:
                 yield
             except BaseException as error:
-                if self._call is not None:  # the model failed inside a call
+                if self._active is not None:  # the model failed inside a call
                     self._abort(error)
                 raise
             finally:
@@ -240,14 +243,16 @@ class ModuleHooks:
         by the caller (the dynamic tier, whose regions save into the same call)."""
         self._install()
         with self._lock:
-            self._thread, self._call, self._root = get_ident(), call, None
+            self._thread, self._root = get_ident(), None
             self._clear()
             self._active = self._thread
             try:
                 yield
-                self._put(call)
+                put = self._batch()
+                if put is not None:
+                    self._sink.put(call, put[0], put[1])
             finally:
-                self._thread = self._active = self._call = None
+                self._thread = self._active = None
                 self._clear()
 
     def discard(self) -> None:
@@ -255,11 +260,11 @@ class ModuleHooks:
         self._clear()
 
     def _root_begins(self, module: torch.nn.Module, args: Any) -> None:
-        if self._call is None and get_ident() == self._thread:
+        if self._active is None and get_ident() == self._thread:
             self._open(module)
 
     def _root_ends(self, module: torch.nn.Module, args: Any, out: Any) -> None:
-        if module is self._root and self._call is not None:
+        if module is self._root and self._active is not None:
             thread = self._thread
             self._close()
             self._thread = thread  # still installed: the next step is a call
@@ -269,33 +274,47 @@ class ModuleHooks:
         self._root = root
         if self._met or self._tensors:  # every end of a call clears them already
             self._clear()
-        # The first call begins in the sink (which replaces an earlier capture at its
-        # path) only at its first selected output: a rerun that fails before, on a wrong
-        # input, leaves the earlier capture whole.
-        self._call = self._sink.begin_call() if self._begun else _DEFERRED
-
-    def _begin_deferred(self) -> int:
-        if self._call == _DEFERRED:
-            self._call, self._begun = self._sink.begin_call(), True
-        return self._call  # type: ignore[return-value]
 
     def _close(self) -> None:
-        call = self._call if self._call != _DEFERRED else self._begin_deferred()
+        # The sink hears of a call only at its end, in one begin, put and end: nothing of
+        # it runs per module output, and the first call of a capture begins in the sink
+        # (which replaces an earlier capture at its path) only once it has run, so a rerun
+        # that fails on a wrong input leaves the earlier capture whole.
+        sink = self._sink
         try:
-            self._put(call)
+            put = self._batch()  # a new sequence's graph may be refused (its dtypes)
+            call = sink.begin_call()
         except BaseException as error:
-            self._sink.fail_call(call, error)
+            self._abort(error)
             raise
-        finally:
-            self._thread = self._active = self._call = self._root = None
-            self._clear()
-        self._sink.end_call(call)
+        self._begun = True
+        self._thread = self._active = self._root = None
+        self._met = []  # _clear, inline (the previous list may be _last's key)
+        self._arrays.clear()
+        self._tensors.clear()
+        self._seen.clear()
+        if put is not None:
+            try:
+                sink.put(call, put[0], put[1])
+            except BaseException as error:
+                sink.fail_call(call, error)
+                raise
+        sink.end_call(call)
 
     def _abort(self, error: BaseException) -> None:
-        if self._call is not None and self._call != _DEFERRED:
-            self._sink.fail_call(self._call, error)
-        self._thread = self._active = self._call = self._root = None
+        # A call that failed is one of the capture, failed, once it met a selected output
+        # or an earlier call began (what it met is lost with it, as a call's values are
+        # put at its end).
+        began = self._begun or bool(self._met)
+        self._thread = self._active = self._root = None
         self._clear()
+        if began:
+            try:
+                call = self._sink.begin_call()
+            except CaptureError:  # a closed or stopped capture: ``error`` says why
+                return
+            self._begun = True
+            self._sink.fail_call(call, error)
 
     def _clear(self) -> None:
         # A new list of outputs met (the previous one may be ``_last``'s key); the values
@@ -336,14 +355,15 @@ class ModuleHooks:
             tensors.append(t)
         return found
 
-    def _put(self, call: int) -> None:
+    def _batch(self) -> tuple[int, SavedBatch] | None:
+        """The graph id and the saved values of the call, None if it met no output."""
         self.saved = 0
-        if not self._met:
-            return
+        met = self._met
+        if not met:
+            return None
         # Ranks, not sizes: a new length is no new graph (it shows the first call's sizes;
         # the files keep each array's own). Most calls repeat the previous one's sequence:
         # comparing to it costs less than hashing the sequence.
-        met = self._met
         last = self._last
         if last is not None and last[0] == met:
             found = last[1]
@@ -360,13 +380,13 @@ class ModuleHooks:
         self.saved = len(saves)
         arrays = self._arrays
         picked = tuple(arrays) if take is None else tuple([arrays[i] for i in take])
-        self._sink.put(call, graph_id, SavedBatch(saves, picked))
+        return graph_id, SavedBatch(saves, picked)
 
     def _graph(self, met: list[_Met]) -> _Found:
         """The graph id of a new sequence of module outputs, the indices of the values it
         saves among the call's, and their nodes and selected names."""
         namer = PointNamer(self._model)
-        names = [namer.module_output(path) for (path, _), _ in met]
+        names = [namer.module_output(m[0][0]) for m in met]
         specs = [(t.shape, t.dtype) for t in self._tensors]
         values = _values(names, met, specs)
         graph = insert_saves(self._module_graph(values), self._select, strict=False)
@@ -431,7 +451,9 @@ def _values(
     """Per value of the call, in order of first sight: every name it has, and the module
     path, type and (shape, dtype) of its first producer (``specs``, by value index)."""
     values: dict[int, tuple[list[str], str, str, Any]] = {}
-    for name, ((path, kind), els) in zip(names, met, strict=True):
+    for name, (where, *rest) in zip(names, met, strict=True):
+        path, kind = where
+        els = rest[0] if len(rest) == 1 else (("", *rest),)
         for position, (suffix, index, _, _) in enumerate(els):
             value = values.setdefault(index, ([], path, kind, specs[index]))
             fresh = element_names(name, suffix, position == 0)
