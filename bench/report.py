@@ -315,7 +315,12 @@ def _strip(body: tuple[str, ...]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m bench.report --merge FILE [--into RESULTS.md]``."""
-    p = argparse.ArgumentParser(prog="python -m bench.report", description=merge.__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.report",
+        description="Merge the sections of one run's report into RESULTS.md: each replaces "
+        "the section of the same name (with the run's header kept beside it), new ones "
+        "join their group, and the run's target rows replace those of the same targets.",
+    )
     p.add_argument("--merge", required=True, help="a report of `python -m bench --out FILE`")
     default = Path(__file__).resolve().parent / "RESULTS.md"
     p.add_argument("--into", default=str(default), help=f"the file to update ({default})")
