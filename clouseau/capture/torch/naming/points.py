@@ -227,6 +227,13 @@ def element_paths(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     Tuples and lists are indexed (``:0``), mappings (dicts, ``ModelOutput``) and
     dataclasses keyed (``:logits``); ``None`` entries of a ``ModelOutput`` are absent.
     """
+    for keys, leaf in element_keys(value):
+        yield prefix + "".join(f":{clean_segment(str(k))}" for k in keys), leaf
+
+
+def element_keys(value: Any, keys: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """``(keys, leaf)`` for each leaf of a module's output, in :func:`element_paths` order
+    (the keys from the container down, which name the leaf)."""
     if isinstance(value, Mapping):
         items: Iterable[tuple[Any, Any]] = value.items()
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -234,10 +241,10 @@ def element_paths(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     elif isinstance(value, tuple | list):
         items = enumerate(value)
     else:
-        yield prefix, value
+        yield keys, value
         return
     for key, item in items:
-        yield from element_paths(item, f"{prefix}:{clean_segment(str(key))}")
+        yield from element_keys(item, (*keys, key))
 
 
 class LocalNamer:

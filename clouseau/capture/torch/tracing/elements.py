@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from clouseau.capture.torch.naming.points import clean_segment
+from clouseau.capture.torch.naming.points import clean_segment, element_keys
 from clouseau.capture.torch.tracing.traced import NodeInfo, Traced
 from clouseau.ir.graph import NodeKind, Spec
 
@@ -49,27 +49,12 @@ def leaves_of(value: Any, spec_of: Any, keep: bool) -> tuple[Leaf, ...]:
     if not container:
         return ()
     found = []
-    for keys, leaf in _keyed(value, ()):
+    for keys, leaf in element_keys(value):
         if isinstance(leaf, torch.Tensor):
             suffix = "".join(f":{clean_segment(str(k))}" for k in keys)
             kept = leaf.detach().clone() if keep else None
             found.append(Leaf(keys, suffix, spec_of(leaf), kept))
     return tuple(found)
-
-
-def _keyed(value: Any, keys: tuple[Any, ...]) -> Any:
-    """``(keys, leaf)`` per leaf, in :func:`element_paths` order (which names them)."""
-    if isinstance(value, Mapping):
-        items: Any = value.items()
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        items = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
-    elif isinstance(value, tuple | list):
-        items = enumerate(value)
-    else:
-        yield keys, value
-        return
-    for key, item in items:
-        yield from _keyed(item, (*keys, key))
 
 
 def pick(value: Any, keys: tuple[Any, ...]) -> Any:
