@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     done = {o.family + ":" + o.name: o for o in report.load(results)}
     retry = {Status(s) for s in args.retry or ()}
-    pending = [i for i in ids if i not in done or done[i].status in retry]
+    pending = _breadth_first([i for i in ids if i not in done or done[i].status in retry], done)
     print(f"{len(pending)} cases to run ({len(ids) - len(pending)} already in {results})")
     _sweep(pending, results, jobs=args.jobs, timeout=args.timeout, cpu=args.cpu_timeout)
     report.write(report.load(results), Path(args.doc), _per_family(every))
@@ -62,6 +63,24 @@ def main(argv: list[str] | None = None) -> int:
 
 def _per_family(ids: list[str]) -> dict[str, int]:
     return {f: sum(i.startswith(f + ":") for i in ids) for f in catalog.FAMILIES}
+
+
+def _breadth_first(ids: list[str], done: dict[str, Outcome]) -> list[str]:
+    """``ids`` with each type's n-th case after every type's (n-1)-th, counting the done.
+
+    A sweep stopped early then covers the most model types, not the most task classes
+    of the first types in alphabetical order.
+    """
+    cases_of_type = Counter(_model_type(i) for i in done)
+    rank = {}
+    for case_id in ids:
+        rank[case_id] = cases_of_type[_model_type(case_id)]
+        cases_of_type[_model_type(case_id)] += 1
+    return sorted(ids, key=rank.__getitem__)
+
+
+def _model_type(case_id: str) -> str:
+    return case_id.split("/", 1)[0]  # "transformers:gpt2/causal-lm" -> "transformers:gpt2"
 
 
 def _chosen(case_id: str, patterns: list[str] | None) -> bool:
