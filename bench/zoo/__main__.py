@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import json
+import multiprocessing
 import os
-import resource
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -28,7 +28,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.zoo import catalog, report
+from bench.zoo import catalog, report, worker
 from bench.zoo.outcome import Outcome, Status, short
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,12 +37,6 @@ RESULTS = Path(__file__).resolve().parent / "results.jsonl"
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.worker:
-        if args.cpu_timeout is not None:
-            _limit_cpu(args.cpu_timeout)
-        outcome = catalog.run(args.worker)
-        Path(args.out).write_text(json.dumps(outcome.to_json()))
-        return 0
     results = Path(args.results)
     every = catalog.case_ids(tuple(args.only or catalog.FAMILIES))
     if args.report:
@@ -108,36 +102,41 @@ def _sweep(ids: list[str], results: Path, *, jobs: int, timeout: float, cpu: flo
 
 
 def run_worker(case_id: str, timeout: float, *, cpu: float | None = None) -> Outcome:
-    """One case in a fresh interpreter; a hang is TIMEOUT, a crash FAILED with its output.
+    """One case in a process of its own; a hang is TIMEOUT, a crash FAILED with its output.
 
+    The process is forked from a server that has imported torch and transformers once
+    (``bench/zoo/worker.py``): an interpreter's imports were a third of a case's time.
     ``cpu``: a limit on the worker's CPU seconds as well (its wall time grows with the
     machine's load, its CPU time does not); past it the worker is TIMEOUT too.
     """
     family, key = case_id.split(":", 1)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "outcome.json"
-        command = [sys.executable, "-m", "bench.zoo", "--worker", case_id, "--out", str(out)]
-        command += ["--cpu-timeout", str(cpu)] if cpu is not None else []
-        try:
-            done = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True,
-                                  timeout=timeout)  # fmt: skip
-        except subprocess.TimeoutExpired:
+        process = _forkserver().Process(target=worker.run, args=(case_id, tmp, cpu), daemon=True)
+        process.start()
+        process.join(timeout)
+        if process.is_alive():
+            process.kill()
+            process.join()
             return Outcome(family, key, "", Status.TIMEOUT, detail=f"over {timeout:.0f} s")
-        if cpu is not None and done.returncode == -signal.SIGXCPU:
+        if cpu is not None and process.exitcode == -signal.SIGXCPU:
             return Outcome(family, key, "", Status.TIMEOUT, detail=f"over {cpu:.0f} s of CPU")
+        out = Path(tmp) / "outcome.json"
         if out.exists():
             return Outcome.from_json(json.loads(out.read_text()))
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        log = (Path(tmp) / "worker.log").read_text(errors="replace")
+        tail = log.strip().splitlines()[-3:]
         return Outcome(family, key, "", Status.FAILED,
-                       detail=short(f"worker exit {done.returncode}: {' '.join(tail)}"))  # fmt: skip
+                       detail=short(f"worker exit {process.exitcode}: {' '.join(tail)}"))  # fmt: skip
 
 
-def _limit_cpu(cpu: float) -> None:
-    """This process's CPU-time limit: the kernel sends SIGXCPU past it."""
-    seconds = max(1, round(cpu))
-    resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 10))
+@functools.cache
+def _forkserver() -> multiprocessing.context.ForkServerContext:
+    # The server inherits this environment: one thread a worker, as the sweep has a
+    # worker per core.
+    os.environ.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["bench.zoo.worker"])
+    return context
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -156,8 +155,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--doc", default=str(ROOT / "docs" / "models.md"), help="the table written")
     p.add_argument("--list", action="store_true", help="print the case ids and exit")
     p.add_argument("--report", action="store_true", help="only rewrite the table")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
     return p
 
 

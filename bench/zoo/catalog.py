@@ -25,7 +25,7 @@ def case_ids(only: tuple[str, ...] = FAMILIES) -> list[str]:
 
 
 def _keys(family: str) -> list[str]:
-    _quiet()
+    quiet()
     if family == "jax":
         from bench.zoo.jax_models import CASES
 
@@ -45,7 +45,7 @@ def _keys(family: str) -> list[str]:
 
 def run(case_id: str) -> Outcome:
     """Build and check one case (in the worker process)."""
-    _quiet()
+    quiet()
     family, key = case_id.split(":", 1)
     if family == "jax":
         from bench.zoo.check_jax import run_case
@@ -72,7 +72,7 @@ def torch_builder(case_id: str) -> Callable[[], TorchCase]:
     return lambda: hf.build(model_type, task)
 
 
-def _quiet() -> None:
+def quiet() -> None:
     """One thread (the sweep runs a worker per core), the torchvision operators defined,
     and the libraries' notices off: the worker's output is its result."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
