@@ -21,7 +21,8 @@ from clouseau.store.writer import FLUSH_S
 from tests.store.util import capture_files, put_calls, small_graph, value
 
 # Small calls as fast as it can, with the defaults (max_size_mb=1024, flush_s=FLUSH_S):
-# each value holds the wall time of its call. Prints "ready" after its first second.
+# each value holds the wall time of its call. Prints "ready" after its first second. An
+# argument after the path: seconds to pause between calls.
 _FAST_WRITER = """
 import sys, time
 import numpy as np
@@ -29,12 +30,15 @@ from clouseau.ir.sink import SavedValue
 from clouseau.store import DirectorySink
 
 sink = DirectorySink(sys.argv[1])
+pause = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0  # seconds between calls
 start = time.time()
 said = False
 while True:
     c = sink.begin_call()
     sink.put(c, 0, [SavedValue(("t",), "t", np.array([time.time()]))])
     sink.end_call(c)
+    if pause:
+        time.sleep(pause)
     if not said and time.time() - start > 1:
         print("ready", flush=True)
         said = True
@@ -129,7 +133,9 @@ def test_show_warns_about_a_capture_not_closed(
 ) -> None:
     from clouseau import cli
 
-    _run_and_kill(tmp_path, _FAST_WRITER, 2 * FLUSH_S)
+    # A call a millisecond: thousands of calls, not the fast writer's hundreds of thousands
+    # that `show` would read for a minute to say the same.
+    _run_and_kill(tmp_path, _FAST_WRITER, 2 * FLUSH_S, "0.001")
     cap = load(tmp_path)
     code = cli.main(["show", str(tmp_path), "--select", "nothing*"])
     out, err = capsys.readouterr()
