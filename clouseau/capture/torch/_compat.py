@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -107,7 +109,36 @@ def tree_flatten(tree: Any) -> tuple[list[Any], TreeSpec]:
 
 
 def tree_unflatten(leaves: list[Any], spec: TreeSpec) -> Any:
-    return _pytree.tree_unflatten(leaves, spec)
+    """Unflatten, each mapping with the keys of the flattened one in their order.
+
+    transformers rebuilds a ``ModelOutput`` by its constructor: keys in field order, a key
+    set to None dropped, where the flattened one held the keys in the order forward set
+    them; ``to_tuple()``, positional access and the leaves' order would differ.
+    """
+    tree = _pytree.tree_unflatten(leaves, spec)
+    _in_key_order(tree, spec)
+    return tree
+
+
+def set_in_order(mapping: OrderedDict[Any, Any], items: Iterable[tuple[Any, Any]]) -> None:
+    """Set ``items`` in ``mapping`` (a ``ModelOutput`` its constructor built), in their
+    order: the keys of the one forward returned, a key it set to None held as None."""
+    for key, value in items:
+        mapping[key] = value
+        mapping.move_to_end(key)
+
+
+def _in_key_order(tree: Any, spec: TreeSpec) -> None:
+    if spec.is_leaf():
+        return
+    if isinstance(tree, OrderedDict) and type(tree) is not OrderedDict:
+        set_in_order(tree, [(key, tree.get(key)) for key in spec.context])
+        for key, child in zip(spec.context, spec.children(), strict=True):
+            _in_key_order(tree[key], child)
+        return
+    node = _pytree.SUPPORTED_NODES[spec.type]
+    for value, child in zip(node.flatten_fn(tree)[0], spec.children(), strict=True):
+        _in_key_order(value, child)
 
 
 def tree_map(fn: Any, tree: Any) -> Any:
