@@ -109,20 +109,15 @@ def tree_flatten(tree: Any) -> tuple[list[Any], TreeSpec]:
 
 
 def tree_unflatten(leaves: list[Any], spec: TreeSpec) -> Any:
-    """Unflatten, each mapping with the keys of the flattened one in their order.
-
-    transformers rebuilds a ``ModelOutput`` by its constructor: keys in field order, a key
-    set to None dropped, where the flattened one held the keys in the order forward set
-    them; ``to_tuple()``, positional access and the leaves' order would differ.
-    """
+    """Unflatten, each ``ModelOutput`` with the flattened one's keys in their order: its
+    pytree node rebuilds it by its constructor (field order, keys set to None dropped)."""
     tree = _pytree.tree_unflatten(leaves, spec)
     _in_key_order(tree, spec)
     return tree
 
 
 def set_in_order(mapping: OrderedDict[Any, Any], items: Iterable[tuple[Any, Any]]) -> None:
-    """Set ``items`` in ``mapping`` (a ``ModelOutput`` its constructor built), in their
-    order: the keys of the one forward returned, a key it set to None held as None."""
+    """Set ``items`` in ``mapping`` (a ``ModelOutput``) in their order, None ones too."""
     for key, value in items:
         mapping[key] = value
         mapping.move_to_end(key)
@@ -131,13 +126,12 @@ def set_in_order(mapping: OrderedDict[Any, Any], items: Iterable[tuple[Any, Any]
 def _in_key_order(tree: Any, spec: TreeSpec) -> None:
     if spec.is_leaf():
         return
-    if isinstance(tree, OrderedDict) and type(tree) is not OrderedDict:
+    if isinstance(tree, OrderedDict) and isinstance(spec.context, list):  # its keys
         set_in_order(tree, [(key, tree.get(key)) for key in spec.context])
-        for key, child in zip(spec.context, spec.children(), strict=True):
-            _in_key_order(tree[key], child)
-        return
-    node = _pytree.SUPPORTED_NODES[spec.type]
-    for value, child in zip(node.flatten_fn(tree)[0], spec.children(), strict=True):
+        children = [tree[key] for key in spec.context]
+    else:
+        children = _pytree.SUPPORTED_NODES[spec.type].flatten_fn(tree)[0]
+    for value, child in zip(children, spec.children(), strict=True):
         _in_key_order(value, child)
 
 
