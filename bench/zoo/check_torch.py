@@ -114,7 +114,7 @@ def check(case: TorchCase, expected: list[Any]) -> Outcome:
             wrong = _compare(got, want, hooks, captured, index, case.select)
             if wrong and graph.trace_kind is TraceKind.TORCH_EXPORT:
                 branch = _export_branch(case, call, (got, want), captured, index, wrong)
-                tolerance, wrong = (branch, "") if branch else (tolerance, wrong)
+                tolerance, wrong = (tolerance or branch, "") if branch else (tolerance, wrong)
             if wrong:
                 return Outcome("", "", "", Status.WRONG, tier=tier, points=points,
                                traces=fmodel.traces, detail=f"call {index}: {wrong}")  # fmt: skip
