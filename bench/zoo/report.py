@@ -56,9 +56,10 @@ def render(outcomes: list[Outcome], cases: dict[str, int] | None = None) -> str:
         "Every architecture the sweep builds from a tiny random configuration (no download),",
         'instrumented with `select="*"` and checked against the framework itself: outputs and',
         "every module output (a forward hook; JAX: the submodule called on the same input)",
-        "bit for bit on PyTorch, within the stated tolerance on JAX; two calls at two input",
-        "shapes with at most 2 traces (2 per region between graph breaks on the dynamic",
-        "tier); `fmodel.generate` tokens equal to `model.generate`",
+        "bit for bit on PyTorch (a model's own torch.export branch: bit for bit that",
+        "branch run eagerly, see *tolerance* below), within the stated tolerance on JAX; two",
+        "calls at two input shapes with at most 2 traces (2 per region between graph breaks",
+        "on the dynamic tier); `fmodel.generate` tokens equal to `model.generate`",
         "with every step captured. **Generated** by `./dev.sh zoo` (`python -m bench.zoo`, see",
         "[below](#how-to-run-it)); edit `bench/zoo/`, not this page.",
         "",
@@ -115,6 +116,12 @@ def _legend() -> str:
         "acceptable. *failed*: an unclear error, more than 2 traces (the dynamic tier: "
         "more than twice its first call's regions), or `generate` "
         "differing. *timeout*: over the per-model limit on the sweep's machine. "
+        "*tolerance* on PyTorch: the model's own code computes otherwise under torch.export "
+        "(`if not is_torchdynamo_exporting():`: lara_mini's and the Qwen3.5 vision-language "
+        "models' delta rule solves its triangular system by forward substitution instead "
+        "of `torch.linalg.solve_triangular`); torch.export sets the flag its own code reads, "
+        "so no tracer avoids the branch. Every value is bitwise equal to an eager run taking "
+        "that branch, and the outputs within rtol 1e-5, atol 1e-6 of eager. "
         "On the dynamic tier (`torch.dynamo`) *traces* counts the regions TorchDynamo "
         "compiled between graph breaks: torchvision's detection models break the graph at "
         "every data-dependent size (the boxes each image keeps after NMS, per level and per "

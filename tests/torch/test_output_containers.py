@@ -16,6 +16,8 @@ import clouseau
 from clouseau.ir.graph import TraceKind
 from tests.models.helpers import tensors_of
 
+TIERS = {"fx": TraceKind.TORCH_FX, "export": TraceKind.TORCH_EXPORT}
+
 
 class Pair(NamedTuple):
     low: torch.Tensor
@@ -78,3 +80,42 @@ def test_the_output_container_is_the_models_own(kind: str) -> None:
         )
     assert fmodel.captured.graph.trace_kind is TraceKind.TORCH_FX
     assert fmodel.traces == 1
+
+
+class Pooled(nn.Module):
+    """A ``ModelOutput`` with its keys set out of field order (InternVL's vision tower
+    sets ``pooler_output`` last) and a key set to None (a ``ModelOutput`` holds only what
+    was set); ``tier`` "export" adds a branch torch.fx cannot trace."""
+
+    def __init__(self, tier: str) -> None:
+        super().__init__()
+        self.tier = tier
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        y = self.fc(x)
+        if self.tier == "export" and x.shape[0] > 0:
+            y = y * 2
+        out = BaseModelOutputWithPooling(last_hidden_state=y, hidden_states=(y + 1, y - 1))
+        out["attentions"] = None
+        out.pooler_output = y.mean(0)
+        return out
+
+
+@pytest.mark.parametrize("tier", ["fx", "export"])
+def test_a_model_output_keeps_eagers_keys_in_eagers_order(tier: str) -> None:
+    torch.manual_seed(0)
+    model = Pooled(tier).eval()
+    fmodel = clouseau.instrument(model, select="*", path=None)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        want, got = model(x), fmodel(x)
+    assert fmodel.captured.graph.trace_kind is TIERS[tier]
+    assert type(got) is type(want)
+    assert list(got.keys()) == list(want.keys())
+    assert len(got.to_tuple()) == len(want.to_tuple())
+    for a, e in zip(tensors_of(got.to_tuple()), tensors_of(want.to_tuple()), strict=True):
+        np.testing.assert_array_equal(a.numpy(), e.numpy())
+    fmodel.close()

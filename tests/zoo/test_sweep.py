@@ -39,6 +39,40 @@ def test_a_value_unequal_to_eager_is_classified_wrong() -> None:
     assert outcome.detail.startswith("call 0: output 0 differs from eager")
 
 
+class ExportBranch(torch.nn.Module):
+    """A model whose own code computes otherwise under torch.export (lara_mini's triangular
+    solve by forward substitution): ``shift`` 0 sums in another order, 1 is off by one."""
+
+    def __init__(self, shift: float) -> None:
+        super().__init__()
+        self.shift = shift
+        self.fc = torch.nn.Linear(4, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x) if x.shape[0] > 0 else x  # a shape branch: torch.export's tier
+        if torch.compiler.is_exporting():
+            return y.flip(-1).cumsum(-1)[..., -1:] + self.shift
+        return y.sum(-1, keepdim=True)
+
+
+def test_the_models_own_export_branch_is_a_stated_tolerance() -> None:
+    torch.manual_seed(0)
+    case = _case(ExportBranch(0.0))
+    x = case.calls[0][0][0]
+    y = case.model.fc(x)
+    assert not torch.equal(y.flip(-1).cumsum(-1)[..., -1:], y.sum(-1, keepdim=True))
+    outcome = check_torch.run_case(lambda: case, "test", "export-branch")
+    assert outcome.status is Status.TOLERANCE, outcome.detail
+    assert outcome.tier == "torch.export"
+    assert "bitwise equal to eager taking that branch" in outcome.detail
+
+
+def test_an_export_branch_beyond_the_tolerance_is_wrong() -> None:
+    torch.manual_seed(0)
+    outcome = check_torch.run_case(lambda: _case(ExportBranch(1.0)), "test", "export-branch")
+    assert outcome.status is Status.WRONG, outcome.detail
+
+
 def test_the_dynamic_tier_may_trace_each_region_twice() -> None:
     # Two regions (around the graph break) per shape: more than 2 traces, 2 per region.
     from tests.torch.dynamic_models import IfMean

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -107,7 +109,30 @@ def tree_flatten(tree: Any) -> tuple[list[Any], TreeSpec]:
 
 
 def tree_unflatten(leaves: list[Any], spec: TreeSpec) -> Any:
-    return _pytree.tree_unflatten(leaves, spec)
+    """Unflatten, each ``ModelOutput`` with the flattened one's keys in their order: its
+    pytree node rebuilds it by its constructor (field order, keys set to None dropped)."""
+    tree = _pytree.tree_unflatten(leaves, spec)
+    _in_key_order(tree, spec)
+    return tree
+
+
+def set_in_order(mapping: OrderedDict[Any, Any], items: Iterable[tuple[Any, Any]]) -> None:
+    """Set ``items`` in ``mapping`` (a ``ModelOutput``) in their order, None ones too."""
+    for key, value in items:
+        mapping[key] = value
+        mapping.move_to_end(key)
+
+
+def _in_key_order(tree: Any, spec: TreeSpec) -> None:
+    if spec.is_leaf():
+        return
+    if isinstance(tree, OrderedDict) and isinstance(spec.context, list):  # its keys
+        set_in_order(tree, [(key, tree.get(key)) for key in spec.context])
+        children = [tree[key] for key in spec.context]
+    else:
+        children = _pytree.SUPPORTED_NODES[spec.type].flatten_fn(tree)[0]
+    for value, child in zip(children, spec.children(), strict=True):
+        _in_key_order(value, child)
 
 
 def tree_map(fn: Any, tree: Any) -> Any:

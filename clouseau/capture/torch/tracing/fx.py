@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import operator
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch.fx as fx
 from clouseau.capture.torch._compat import (
     forward_hooks_of,
     forward_hooks_with_kwargs,
+    set_in_order,
     user_forward_hooks,
 )
 from clouseau.capture.torch.naming.points import (
@@ -266,7 +268,13 @@ class NamingTracer(fx.Tracer):
             fields = {
                 f.name: self.create_arg(getattr(a, f.name)) for f in dataclasses.fields(a) if f.init
             }
-            return self.create_node("call_function", type(a), (), fields)
+            built = self.create_node("call_function", type(a), (), fields)
+            if not isinstance(a, OrderedDict):
+                return built
+            # A ModelOutput: the constructor orders the keys as its fields and drops those
+            # set to None; forward's order is the one to_tuple() and positions read.
+            items = tuple((k, self.create_arg(v)) for k, v in a.items())
+            return self.create_node("call_function", in_key_order, (built, items), {})
         # fx emits every mapping as a plain dict literal, and a namedtuple or list
         # subclass as its base: rebuild the user's own container (torchvision's
         # segmentation models return an OrderedDict).
@@ -313,6 +321,12 @@ def last_mutation(node: fx.Node, end: fx.Node | None) -> fx.Node:
             chain.add(cur)
             last = cur
     return last
+
+
+def in_key_order(out: OrderedDict[str, Any], items: tuple[tuple[str, Any], ...]) -> Any:
+    """``out`` (a ``ModelOutput``) holding exactly ``items``, in their order."""
+    set_in_order(out, items)
+    return out
 
 
 def _is_inplace(node: fx.Node) -> bool:
