@@ -20,8 +20,9 @@ _STORABLE = frozenset(dtype.name for dtype in TO_NUMPY.values())
 class Calls:
     """Call numbering and per-call order, shared by both sinks. Callers hold the lock."""
 
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
+    def __init__(self, lock: threading.Lock | None = None) -> None:
+        # Re-entrant unless the sink's methods never take it twice (a Lock costs less).
+        self.lock: Any = lock if lock is not None else threading.RLock()
         self.graphs: list[Graph] = []
         self.next_call = 0
         self.order: dict[int, int] = {}
@@ -148,7 +149,7 @@ class MemorySink:
     """
 
     def __init__(self) -> None:
-        self._calls = Calls()
+        self._calls = Calls(threading.Lock())  # no method here takes it twice
         self._items: list[tuple[Record, np.ndarray]] = []
         # Per put not read yet (_Put).
         self._pending: list[_Put] = []
@@ -162,7 +163,11 @@ class MemorySink:
     def begin_call(self) -> int:
         calls = self._calls
         with calls.lock:
-            return calls.begin()
+            if calls.stopped or calls.closed:
+                calls.check_open()
+            call = calls.next_call  # Calls.begin, inline: it runs every call
+            calls.next_call = call + 1
+        return call
 
     def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
         # Plain tuples of strings and arrays, not SavedValue objects: the garbage
@@ -187,7 +192,9 @@ class MemorySink:
             self._pending.append((call, graph_id, order, names, nodes, arrays, indices))
 
     def end_call(self, call: int) -> None:
-        pass
+        # A call's order ends with it: the bookkeeping does not grow with the capture.
+        # Without the lock: one dict operation, on a key no other thread uses.
+        self._calls.order.pop(call, None)
 
     def fail_call(self, call: int, error: BaseException) -> None:
         with self._calls.lock:

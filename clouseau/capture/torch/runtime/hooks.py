@@ -44,7 +44,7 @@ from clouseau.capture.torch.naming.points import (
     free_name,
 )
 from clouseau.capture.torch.runtime.hook_selection import hooked_paths, module_paths_selected
-from clouseau.capture.torch.runtime.host import THROUGH_BITS, to_numpy
+from clouseau.capture.torch.runtime.host import to_numpy
 from clouseau.capture.torch.tracing.specs import spec_of
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.flops import category_attr
@@ -80,12 +80,31 @@ class _Hook:
         if where is None:  # a copy of the model shares the hook
             return
         if isinstance(out, torch.Tensor):  # most modules: one value, no element walk
-            owner._met.append((where, owner._value(out), out.dim(), out.dtype))
+            try:
+                # The common case inline: a value not met before in the call (an
+                # inference tensor has no version: RuntimeError), a CPU tensor numpy()
+                # takes as it is (it refuses the rest: gradients, another device, a
+                # dtype numpy lacks, a conjugate or negative bit), copied once.
+                ident = (id(out), out._version)
+                if ident not in owner._seen:
+                    array = out.numpy().copy()
+                    arrays = owner._arrays
+                    owner._seen[ident] = index = len(arrays)
+                    arrays.append(array)
+                    owner._tensors.append(out)  # alive till the call ends: its id stays its
+                    owner._met.append((where, index, array.ndim, array.dtype))
+                    return
+            except (RuntimeError, TypeError):
+                pass
+            index = owner._value(out)
+            array = owner._arrays[index]
+            owner._met.append((where, index, array.ndim, array.dtype))
             return
         elements = tuple(
-            (s, owner._value(v), v.dim(), v.dtype)
+            (s, i, owner._arrays[i].ndim, owner._arrays[i].dtype)
             for s, v in element_paths(out)
             if isinstance(v, torch.Tensor)
+            for i in (owner._value(v),)
         )
         if elements:
             owner._met.append((where, elements))
@@ -118,6 +137,7 @@ def _no_hook(module: torch.nn.Module, args: Any, out: Any) -> None:
 # One module output met in a call: ((path, module type), ((suffix, value index, rank,
 # dtype), ...)), or ((path, module type), value index, rank, dtype) for a tensor (most
 # modules: one tuple per value); the values, copied to the host, are listed once per call.
+# The rank and dtype are the host copy's (numpy's attributes cost less than a tensor's).
 # The sequence of a call's outputs is the key of its graph.
 _Met = (
     tuple[tuple[str, str], tuple[tuple[str, int, int, Any], ...]]
@@ -340,14 +360,11 @@ class ModuleHooks:
         found = self._seen.get(ident)
         if found is None:
             found = self._seen[ident] = len(tensors)
-            # The copy this hook exists for, inline in the common case (a CPU tensor that
-            # needs no grad: numpy() shares its memory, with no detached tensor made and
-            # dropped as numpy(force=True) does); to_numpy for the rest, and for a
-            # conjugate or negative bit, which numpy() refuses.
-            plain = not t.requires_grad and t.is_cpu and t.dtype not in THROUGH_BITS
+            # numpy() shares a CPU tensor's memory (no detached tensor made and dropped,
+            # as numpy(force=True) does); to_numpy for what it refuses.
             try:
-                array = t.numpy().copy() if plain else to_numpy(t)
-            except RuntimeError:
+                array = t.numpy().copy()
+            except (RuntimeError, TypeError):
                 array = to_numpy(t)
             self._arrays.append(array)
             # The tensor itself too, till the call ends: its memory is not reused by
