@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -183,13 +184,16 @@ class MemorySink:
             if type(array) is not np.ndarray or array.dtype not in _NATIVE:
                 arrays = _converted(names, arrays)
                 break
+        # Without the lock, under the GIL: a call's puts come from the thread that runs it,
+        # so its order entry is that thread's alone, and an append is atomic (_records
+        # takes what was put before it began and leaves later puts in place).
         calls = self._calls
-        with calls.lock:
-            if calls.stopped or calls.closed:
+        if calls.stopped or calls.closed:
+            with calls.lock:
                 calls.check_open()
-            order = calls.order.get(call, 0)
-            calls.order[call] = order + len(arrays)
-            self._pending.append((call, graph_id, order, names, nodes, arrays, indices))
+        order = calls.order.get(call, 0)
+        calls.order[call] = order + len(arrays)
+        self._pending.append((call, graph_id, order, names, nodes, arrays, indices))
 
     def end_call(self, call: int) -> None:
         # A call's order ends with it: the bookkeeping does not grow with the capture.
@@ -223,7 +227,9 @@ class MemorySink:
         """The records of the values put since the last read, in the order they came, and
         their arrays as the files would hold them, read-only."""
         items = self._items
-        for call, graph_id, order, names, nodes, arrays, indices in self._pending:
+        pending = self._pending
+        taken = len(pending)  # a put meanwhile (no lock: see put) stays for the next read
+        for call, graph_id, order, names, nodes, arrays, indices in islice(pending, taken):
             for position, array in enumerate(arrays):
                 value_names, index = tuple(names[position]), _index(indices, position)
                 key = tensor_key(value_names[0], call, index)
@@ -232,7 +238,7 @@ class MemorySink:
                 view = storable(array).view()
                 view.flags.writeable = False
                 items.append((record, view))
-        self._pending.clear()
+        del pending[:taken]
 
 
 # (call, graph id, order of its first value, then the put's columns: names, nodes,

@@ -58,27 +58,29 @@ __all__ = ["ModuleHooks", "hook_capture", "hooked_paths", "module_paths_selected
 
 
 class _Hook:
-    """The forward hook on each hooked module: a weak reference to its :class:`ModuleHooks`.
+    """The forward hook of one hooked module: a weak reference to its :class:`ModuleHooks`,
+    the module's identity and its ``(path, module type)``, fixed when it is installed.
 
-    A copy of the model (``copy.deepcopy``) shares the hook, whose owner ignores modules
-    it did not hook; a pickled model carries an inert hook, not the capture.
+    A copy of the model (``copy.deepcopy``) shares the hook, which ignores every module
+    but its own; a pickled model carries an inert hook, not the capture.
     """
 
-    __slots__ = ("owner",)
+    __slots__ = ("ident", "owner", "where")
     clouseau_hook = True  # not a user's hook: the tracers leave it out (_compat.user_forward_hooks)
 
-    def __init__(self, owner: ModuleHooks) -> None:
+    def __init__(self, owner: ModuleHooks, module: torch.nn.Module, where: tuple[str, str]) -> None:
         self.owner = weakref.ref(owner)
+        self.ident = id(module)  # the owner holds the model: the id stays the module's
+        self.where = where
 
     def __call__(self, module: torch.nn.Module, args: Any, out: Any) -> None:
         # Runs for every hooked module's every call: the owner's state is read here, not
         # through a method (a Python frame per value less).
         owner = self.owner()
-        if owner is None or owner._active != get_ident():  # no call open in this thread
+        # No call open in this thread, or a copy of the model (which shares the hook).
+        if owner is None or owner._active != get_ident() or id(module) != self.ident:
             return
-        where = owner._where.get(id(module))
-        if where is None:  # a copy of the model shares the hook
-            return
+        where = self.where
         if isinstance(out, torch.Tensor):  # most modules: one value, no element walk
             try:
                 # The common case inline: a value not met before in the call (an
@@ -183,8 +185,7 @@ class ModuleHooks:
         self._sink = sink
         named = dict(model.named_modules())
         chosen = paths if paths is not None else tuple(p for p in named if p)
-        self._hooked = tuple(named[p] for p in chosen)
-        self._where = {id(named[p]): (p, type(named[p]).__name__) for p in chosen}
+        self._hooked = tuple((named[p], (p, type(named[p]).__name__)) for p in chosen)
         self._trace_kind = trace_kind
         self._hook_type = _EagerHook if trace_kind is TraceKind.TORCH_DYNAMO else _Hook
         self._installed = False
@@ -214,8 +215,8 @@ class ModuleHooks:
     def _install(self) -> None:
         if self._installed:
             return
-        hook = self._hook_type(self)
-        handles = [module.register_forward_hook(hook) for module in self._hooked]
+        hook = self._hook_type
+        handles = [m.register_forward_hook(hook(self, m, where)) for m, where in self._hooked]
         self._installed = True
         weakref.finalize(self, _remove, handles)
 
@@ -394,7 +395,7 @@ class ModuleHooks:
                 self._graphs[key] = found
             self._last = (met, found)
         graph_id, take, saves = found
-        self.saved = len(saves)
+        self.saved = len(saves.nodes)  # a tuple's len: no frame (Saves.__len__)
         arrays = self._arrays
         picked = tuple(arrays) if take is None else tuple([arrays[i] for i in take])
         return graph_id, SavedBatch(saves, picked)
