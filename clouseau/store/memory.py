@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -20,8 +21,9 @@ _STORABLE = frozenset(dtype.name for dtype in TO_NUMPY.values())
 class Calls:
     """Call numbering and per-call order, shared by both sinks. Callers hold the lock."""
 
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
+    def __init__(self, lock: threading.Lock | None = None) -> None:
+        # Re-entrant unless the sink's methods never take it twice (a Lock costs less).
+        self.lock: Any = lock if lock is not None else threading.RLock()
         self.graphs: list[Graph] = []
         self.next_call = 0
         self.order: dict[int, int] = {}
@@ -148,7 +150,7 @@ class MemorySink:
     """
 
     def __init__(self) -> None:
-        self._calls = Calls()
+        self._calls = Calls(threading.Lock())  # no method here takes it twice
         self._items: list[tuple[Record, np.ndarray]] = []
         # Per put not read yet (_Put).
         self._pending: list[_Put] = []
@@ -162,7 +164,11 @@ class MemorySink:
     def begin_call(self) -> int:
         calls = self._calls
         with calls.lock:
-            return calls.begin()
+            if calls.stopped or calls.closed:
+                calls.check_open()
+            call = calls.next_call  # Calls.begin, inline: it runs every call
+            calls.next_call = call + 1
+        return call
 
     def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
         # Plain tuples of strings and arrays, not SavedValue objects: the garbage
@@ -178,16 +184,21 @@ class MemorySink:
             if type(array) is not np.ndarray or array.dtype not in _NATIVE:
                 arrays = _converted(names, arrays)
                 break
+        # Without the lock, under the GIL: a call's puts come from the thread that runs it,
+        # so its order entry is that thread's alone, and an append is atomic (_records
+        # takes what was put before it began and leaves later puts in place).
         calls = self._calls
-        with calls.lock:
-            if calls.stopped or calls.closed:
+        if calls.stopped or calls.closed:
+            with calls.lock:
                 calls.check_open()
-            order = calls.order.get(call, 0)
-            calls.order[call] = order + len(arrays)
-            self._pending.append((call, graph_id, order, names, nodes, arrays, indices))
+        order = calls.order.get(call, 0)
+        calls.order[call] = order + len(arrays)
+        self._pending.append((call, graph_id, order, names, nodes, arrays, indices))
 
     def end_call(self, call: int) -> None:
-        pass
+        # A call's order ends with it: the bookkeeping does not grow with the capture.
+        # Without the lock: one dict operation, on a key no other thread uses.
+        self._calls.order.pop(call, None)
 
     def fail_call(self, call: int, error: BaseException) -> None:
         with self._calls.lock:
@@ -216,7 +227,9 @@ class MemorySink:
         """The records of the values put since the last read, in the order they came, and
         their arrays as the files would hold them, read-only."""
         items = self._items
-        for call, graph_id, order, names, nodes, arrays, indices in self._pending:
+        pending = self._pending
+        taken = len(pending)  # a put meanwhile (no lock: see put) stays for the next read
+        for call, graph_id, order, names, nodes, arrays, indices in islice(pending, taken):
             for position, array in enumerate(arrays):
                 value_names, index = tuple(names[position]), _index(indices, position)
                 key = tensor_key(value_names[0], call, index)
@@ -225,7 +238,7 @@ class MemorySink:
                 view = storable(array).view()
                 view.flags.writeable = False
                 items.append((record, view))
-        self._pending.clear()
+        del pending[:taken]
 
 
 # (call, graph id, order of its first value, then the put's columns: names, nodes,

@@ -44,7 +44,7 @@ from clouseau.capture.torch.naming.points import (
     free_name,
 )
 from clouseau.capture.torch.runtime.hook_selection import hooked_paths, module_paths_selected
-from clouseau.capture.torch.runtime.host import THROUGH_BITS, to_numpy
+from clouseau.capture.torch.runtime.host import to_numpy
 from clouseau.capture.torch.tracing.specs import spec_of
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.flops import category_attr
@@ -58,34 +58,55 @@ __all__ = ["ModuleHooks", "hook_capture", "hooked_paths", "module_paths_selected
 
 
 class _Hook:
-    """The forward hook on each hooked module: a weak reference to its :class:`ModuleHooks`.
+    """The forward hook of one hooked module: a weak reference to its :class:`ModuleHooks`,
+    the module's identity and its ``(path, module type)``, fixed when it is installed.
 
-    A copy of the model (``copy.deepcopy``) shares the hook, whose owner ignores modules
-    it did not hook; a pickled model carries an inert hook, not the capture.
+    A copy of the model (``copy.deepcopy``) shares the hook, which ignores every module
+    but its own; a pickled model carries an inert hook, not the capture.
     """
 
-    __slots__ = ("owner",)
+    __slots__ = ("ident", "owner", "where")
     clouseau_hook = True  # not a user's hook: the tracers leave it out (_compat.user_forward_hooks)
 
-    def __init__(self, owner: ModuleHooks) -> None:
+    def __init__(self, owner: ModuleHooks, module: torch.nn.Module, where: tuple[str, str]) -> None:
         self.owner = weakref.ref(owner)
+        self.ident = id(module)  # the owner holds the model: the id stays the module's
+        self.where = where
 
     def __call__(self, module: torch.nn.Module, args: Any, out: Any) -> None:
         # Runs for every hooked module's every call: the owner's state is read here, not
         # through a method (a Python frame per value less).
         owner = self.owner()
-        if owner is None or owner._active != get_ident():  # no call open in this thread
+        # No call open in this thread, or a copy of the model (which shares the hook).
+        if owner is None or owner._active != get_ident() or id(module) != self.ident:
             return
-        where = owner._where.get(id(module))
-        if where is None:  # a copy of the model shares the hook
-            return
+        where = self.where
         if isinstance(out, torch.Tensor):  # most modules: one value, no element walk
-            owner._met.append((where, owner._value(out), out.dim(), out.dtype))
+            try:
+                # The common case inline: a value not met before in the call (an
+                # inference tensor has no version: RuntimeError), a CPU tensor numpy()
+                # takes as it is (it refuses the rest: gradients, another device, a
+                # dtype numpy lacks, a conjugate or negative bit), copied once.
+                ident = (id(out), out._version)
+                if ident not in owner._seen:
+                    array = out.numpy().copy()
+                    arrays = owner._arrays
+                    owner._seen[ident] = index = len(arrays)
+                    arrays.append(array)
+                    owner._tensors.append(out)  # alive till the call ends: its id stays its
+                    owner._met.append((where, index, array.ndim, array.dtype))
+                    return
+            except (RuntimeError, TypeError):
+                pass
+            index = owner._value(out)
+            array = owner._arrays[index]
+            owner._met.append((where, index, array.ndim, array.dtype))
             return
         elements = tuple(
-            (s, owner._value(v), v.dim(), v.dtype)
+            (s, i, owner._arrays[i].ndim, owner._arrays[i].dtype)
             for s, v in element_paths(out)
             if isinstance(v, torch.Tensor)
+            for i in (owner._value(v),)
         )
         if elements:
             owner._met.append((where, elements))
@@ -118,6 +139,7 @@ def _no_hook(module: torch.nn.Module, args: Any, out: Any) -> None:
 # One module output met in a call: ((path, module type), ((suffix, value index, rank,
 # dtype), ...)), or ((path, module type), value index, rank, dtype) for a tensor (most
 # modules: one tuple per value); the values, copied to the host, are listed once per call.
+# The rank and dtype are the host copy's (numpy's attributes cost less than a tensor's).
 # The sequence of a call's outputs is the key of its graph.
 _Met = (
     tuple[tuple[str, str], tuple[tuple[str, int, int, Any], ...]]
@@ -163,8 +185,7 @@ class ModuleHooks:
         self._sink = sink
         named = dict(model.named_modules())
         chosen = paths if paths is not None else tuple(p for p in named if p)
-        self._hooked = tuple(named[p] for p in chosen)
-        self._where = {id(named[p]): (p, type(named[p]).__name__) for p in chosen}
+        self._hooked = tuple((named[p], (p, type(named[p]).__name__)) for p in chosen)
         self._trace_kind = trace_kind
         self._hook_type = _EagerHook if trace_kind is TraceKind.TORCH_DYNAMO else _Hook
         self._installed = False
@@ -194,8 +215,8 @@ class ModuleHooks:
     def _install(self) -> None:
         if self._installed:
             return
-        hook = self._hook_type(self)
-        handles = [module.register_forward_hook(hook) for module in self._hooked]
+        hook = self._hook_type
+        handles = [m.register_forward_hook(hook(self, m, where)) for m, where in self._hooked]
         self._installed = True
         weakref.finalize(self, _remove, handles)
 
@@ -340,14 +361,11 @@ class ModuleHooks:
         found = self._seen.get(ident)
         if found is None:
             found = self._seen[ident] = len(tensors)
-            # The copy this hook exists for, inline in the common case (a CPU tensor that
-            # needs no grad: numpy() shares its memory, with no detached tensor made and
-            # dropped as numpy(force=True) does); to_numpy for the rest, and for a
-            # conjugate or negative bit, which numpy() refuses.
-            plain = not t.requires_grad and t.is_cpu and t.dtype not in THROUGH_BITS
+            # numpy() shares a CPU tensor's memory (no detached tensor made and dropped,
+            # as numpy(force=True) does); to_numpy for what it refuses.
             try:
-                array = t.numpy().copy() if plain else to_numpy(t)
-            except RuntimeError:
+                array = t.numpy().copy()
+            except (RuntimeError, TypeError):
                 array = to_numpy(t)
             self._arrays.append(array)
             # The tensor itself too, till the call ends: its memory is not reused by
@@ -377,7 +395,7 @@ class ModuleHooks:
                 self._graphs[key] = found
             self._last = (met, found)
         graph_id, take, saves = found
-        self.saved = len(saves)
+        self.saved = len(saves.nodes)  # a tuple's len: no frame (Saves.__len__)
         arrays = self._arrays
         picked = tuple(arrays) if take is None else tuple([arrays[i] for i in take])
         return graph_id, SavedBatch(saves, picked)
