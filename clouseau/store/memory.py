@@ -184,21 +184,18 @@ class MemorySink:
             if type(array) is not np.ndarray or array.dtype not in _NATIVE:
                 arrays = _converted(names, arrays)
                 break
-        # Without the lock, under the GIL: a call's puts come from the thread that runs it,
-        # so its order entry is that thread's alone, and an append is atomic (_records
-        # takes what was put before it began and leaves later puts in place).
+        # Under the lock: a call's puts may come from another thread than its forward's
+        # (autograd's device threads run the gradient taps, after the call has ended).
         calls = self._calls
-        if calls.stopped or calls.closed:
-            with calls.lock:
+        with calls.lock:
+            if calls.stopped or calls.closed:
                 calls.check_open()
-        order = calls.order.get(call, 0)
-        calls.order[call] = order + len(arrays)
-        self._pending.append((call, graph_id, order, names, nodes, arrays, indices))
+            order = calls.order.get(call, 0)
+            calls.order[call] = order + len(arrays)
+            self._pending.append((call, graph_id, order, names, nodes, arrays, indices))
 
     def end_call(self, call: int) -> None:
-        # A call's order ends with it: the bookkeeping does not grow with the capture.
-        # Without the lock: one dict operation, on a key no other thread uses.
-        self._calls.order.pop(call, None)
+        pass  # a call's order entry stays: its gradient taps may put after it ends
 
     def fail_call(self, call: int, error: BaseException) -> None:
         with self._calls.lock:
@@ -228,7 +225,7 @@ class MemorySink:
         their arrays as the files would hold them, read-only."""
         items = self._items
         pending = self._pending
-        taken = len(pending)  # a put meanwhile (no lock: see put) stays for the next read
+        taken = len(pending)  # a put meanwhile stays for the next read
         for call, graph_id, order, names, nodes, arrays, indices in islice(pending, taken):
             for position, array in enumerate(arrays):
                 value_names, index = tuple(names[position]), _index(indices, position)
