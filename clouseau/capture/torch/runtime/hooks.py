@@ -84,11 +84,11 @@ class _Hook:
         if isinstance(out, torch.Tensor):  # most modules: one value, no element walk
             try:
                 # The common case inline: a value not met before in the call (an
-                # inference tensor has no version: RuntimeError), a CPU tensor numpy()
+                # inference tensor has no version: _value), a CPU tensor numpy()
                 # takes as it is (it refuses the rest: gradients, another device, a
                 # dtype numpy lacks, a conjugate or negative bit), copied once.
-                ident = (id(out), out._version)
-                if ident not in owner._seen:
+                ident = (id(out), tensor_version(out))
+                if ident[1] is not None and ident not in owner._seen:
                     array = out.numpy().copy()
                     arrays = owner._arrays
                     owner._seen[ident] = index = len(arrays)
