@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -164,11 +163,7 @@ class MemorySink:
     def begin_call(self) -> int:
         calls = self._calls
         with calls.lock:
-            if calls.stopped or calls.closed:
-                calls.check_open()
-            call = calls.next_call  # Calls.begin, inline: it runs every call
-            calls.next_call = call + 1
-        return call
+            return calls.begin()
 
     def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
         # Plain tuples of strings and arrays, not SavedValue objects: the garbage
@@ -224,9 +219,7 @@ class MemorySink:
         """The records of the values put since the last read, in the order they came, and
         their arrays as the files would hold them, read-only."""
         items = self._items
-        pending = self._pending
-        taken = len(pending)  # a put meanwhile stays for the next read
-        for call, graph_id, order, names, nodes, arrays, indices in islice(pending, taken):
+        for call, graph_id, order, names, nodes, arrays, indices in self._pending:
             for position, array in enumerate(arrays):
                 value_names, index = tuple(names[position]), _index(indices, position)
                 key = tensor_key(value_names[0], call, index)
@@ -235,7 +228,7 @@ class MemorySink:
                 view = storable(array).view()
                 view.flags.writeable = False
                 items.append((record, view))
-        del pending[:taken]
+        self._pending.clear()
 
 
 # (call, graph id, order of its first value, then the put's columns: names, nodes,

@@ -82,31 +82,12 @@ class _Hook:
             return
         where = self.where
         if isinstance(out, torch.Tensor):  # most modules: one value, no element walk
-            try:
-                # The common case inline: a value not met before in the call (an
-                # inference tensor has no version: _value), a CPU tensor numpy()
-                # takes as it is (it refuses the rest: gradients, another device, a
-                # dtype numpy lacks, a conjugate or negative bit), copied once.
-                ident = (id(out), tensor_version(out))
-                if ident[1] is not None and ident not in owner._seen:
-                    array = out.numpy().copy()
-                    arrays = owner._arrays
-                    owner._seen[ident] = index = len(arrays)
-                    arrays.append(array)
-                    owner._tensors.append(out)  # alive till the call ends: its id stays its
-                    owner._met.append((where, index, array.ndim, array.dtype))
-                    return
-            except (RuntimeError, TypeError):
-                pass
-            index = owner._value(out)
-            array = owner._arrays[index]
-            owner._met.append((where, index, array.ndim, array.dtype))
+            owner._met.append((where, owner._value(out), out.dim(), out.dtype))
             return
         elements = tuple(
-            (s, i, owner._arrays[i].ndim, owner._arrays[i].dtype)
+            (s, owner._value(v), v.dim(), v.dtype)
             for s, v in element_paths(out)
             if isinstance(v, torch.Tensor)
-            for i in (owner._value(v),)
         )
         if elements:
             owner._met.append((where, elements))
@@ -139,7 +120,6 @@ def _no_hook(module: torch.nn.Module, args: Any, out: Any) -> None:
 # One module output met in a call: ((path, module type), ((suffix, value index, rank,
 # dtype), ...)), or ((path, module type), value index, rank, dtype) for a tensor (most
 # modules: one tuple per value); the values, copied to the host, are listed once per call.
-# The rank and dtype are the host copy's (numpy's attributes cost less than a tensor's).
 # The sequence of a call's outputs is the key of its graph.
 _Met = (
     tuple[tuple[str, str], tuple[tuple[str, int, int, Any], ...]]
