@@ -3,8 +3,9 @@
 The zoo found module outputs whose elements had no point: ``nn.LSTM``'s ``(out, (h, c))``
 (timm's sequencer), a ``ModelOutput`` whose ``hidden_states`` transformers collects with
 its own forward hooks (data2vec-audio), a module returning its bias parameter
-(gpt_neox_japanese), and a module called ``output`` (git) that the graph's own output
-node clashed with. Each model here reproduces one of them; every module output a forward
+(gpt_neox_japanese), a module called ``output`` (git) that the graph's own output
+node clashed with, a state each layer writes its slice of in place (RWKV) and a module
+returning the model's own input (qwen2_audio's attention mask). Each model here reproduces one of them; every module output a forward
 hook sees, named as docs/names.md says, must be a point holding the hook's value.
 """
 
@@ -110,8 +111,56 @@ class Outer(nn.Module):
         super().__init__()
         self.m = inner
 
+    def forward(self, *args: torch.Tensor) -> Any:
+        return self.m(*args)
+
+
+class Mixer(nn.Module):
+    """RWKV's time mixing: it writes its layer's slice of the shared state in place, through
+    a view, and returns the state; the next layer writes its own slice afterwards."""
+
+    def __init__(self, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, state: list[torch.Tensor]) -> Any:
+        y = self.fc(x)
+        state[0][:, :, self.layer] = y[:, -1]
+        state[1][:, self.layer] += y.sum(1)
+        return y, state
+
+
+class Stateful(nn.Module):
+    def __init__(self, tier: str) -> None:
+        super().__init__()
+        self.tier = tier
+        self.mixers = nn.ModuleList(Mixer(i) for i in range(3))
+
     def forward(self, x: torch.Tensor) -> Any:
-        return self.m(x)
+        state = [x.new_zeros(x.shape[0], 4, 3), x.new_zeros(x.shape[0], 3, 4)]
+        for mixer in self.mixers:
+            x, state = mixer(x, state)
+        return _branch(self.tier, x), state
+
+
+class Masked(nn.Module):
+    """A module that returns the mask it was given, the model's own input (qwen2_audio)."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * mask, mask
+
+
+class PassesMask(nn.Module):
+    def __init__(self, tier: str) -> None:
+        super().__init__()
+        self.tier = tier
+        self.masked = Masked()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        y, mask = self.masked(self.fc(x), mask)
+        return _branch(self.tier, y) + mask
 
 
 def _check(model: nn.Module, tier: str, *args: Any, select: Any = "*") -> Any:
@@ -174,6 +223,30 @@ def test_modules_called_output_and_input_keep_their_names(tier: str) -> None:
     select = "*" if tier != "hooks" else ("input", "output")
     names = {"input", "output"} if tier != "hooks" else {"m.input", "m.output"}
     assert names <= set(_check(model, tier, torch.randn(3, 4), select=select))
+
+
+@pytest.mark.parametrize("tier", ["export", "dynamo", "hooks"])  # fx: no item assignment
+def test_a_state_written_in_place_through_views_is_each_layers_own(tier: str) -> None:
+    """Each mixer's returned state holds the slices written up to its return, not those
+    the later layers write into the same tensors."""
+    torch.manual_seed(0)
+    model = Stateful("fx" if tier == "hooks" else tier).eval()
+    select = "*" if tier != "hooks" else ("mixers.0", "mixers.1", "mixers.2")
+    values = _check(model, tier, torch.randn(2, 5, 4), select=select)
+    prefix = "m." if tier == "hooks" else ""
+    first, last = values[f"{prefix}mixers.0:1:0"], values[f"{prefix}mixers.2:1:0"]
+    assert bool((first[:, :, 1:] == 0).all()) and bool((last[:, :, 1:] != 0).any())
+
+
+@pytest.mark.parametrize("tier", list(TIERS))
+def test_a_module_returning_the_models_input_has_it_as_a_point(tier: str) -> None:
+    torch.manual_seed(0)
+    model = PassesMask("fx" if tier == "hooks" else tier).eval()
+    mask = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
+    select = "*" if tier != "hooks" else ("masked",)
+    values = _check(model, tier, torch.randn(3, 4), mask, select=select)
+    name = "m.masked:1" if tier == "hooks" else "masked:1"
+    np.testing.assert_array_equal(values[name].numpy(), mask.numpy())
 
 
 def test_hidden_states_transformers_collects_with_its_own_hooks() -> None:

@@ -31,6 +31,7 @@ from clouseau.capture.torch._compat import (
 from clouseau.capture.torch.naming.points import PointNamer, element_names, function_op, target_name
 from clouseau.capture.torch.tracing.caches import CacheAdopter
 from clouseau.capture.torch.tracing.export_marks import (
+    RETURNED,
     InferenceModeError,
     Mark,
     Marks,
@@ -89,7 +90,8 @@ def trace_export(
     ep, marks = _export(model, args, kwargs, seen)
     graph = ep.graph_module.graph
     _check_inference(graph)
-    marked = take_marks(ep.graph_module, marks)
+    weights = {spec.arg.name for spec in ep.graph_signature.input_specs if spec.kind in _WEIGHTS}
+    marked = take_marks(ep.graph_module, marks, frozenset(weights))
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     attrs: dict[str, Any] = {}
     weight_kind: dict[str, tuple[str, str]] = {}
@@ -315,18 +317,21 @@ def _infos(
         raw, module_type = (stack[-1][1], stack[-1][2]) if stack else ("", root_type)
         op = function_op(node.target)
         leaf = _leaf_output(node, stack, marked, marks)
+        module_output = leaf is not None or bool(names)
         if leaf is not None:
             name, op = (
                 names.pop(names.index(_mark_names(leaf, calls, marks)[0])),
                 module_type.lower(),
             )
+        elif node.meta.get(RETURNED) and names:
+            name = names.pop(0)  # a view put only to hold the module's value: no op point
         else:
             name = namer.op(raw, op)[0]
         infos[node.name] = NodeInfo(
             name=name, kind=NodeKind.OP, op=op, module=namer.path(raw), module_type=module_type,
             target=target_name(node.target),
             source=source_from_stack_trace(node.meta.get("stack_trace")), aliases=tuple(names),
-            module_output=leaf is not None or bool(names),
+            module_output=module_output,
         )  # fmt: skip
     return infos
 

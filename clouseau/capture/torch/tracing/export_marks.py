@@ -23,6 +23,7 @@ import torch.fx as fx
 from clouseau.capture.torch.naming.points import element_paths
 from clouseau.capture.torch.tracing.export_hooks import Deferred, deferring, hook_nodes, take_inputs
 from clouseau.capture.torch.tracing.fx import numerics_state
+from clouseau.capture.torch.tracing.writes import written_between
 
 
 @torch.library.custom_op("clouseau::module_output", mutates_args=())
@@ -37,6 +38,7 @@ def _(x: torch.Tensor, call: int, element: int) -> torch.Tensor:
 
 _module_output.register_autograd(lambda ctx, grad: (grad, None, None))
 MARK = torch.ops.clouseau.module_output.default
+RETURNED = "clouseau_returned"  # meta key of a view that holds a module's returned value
 
 
 @dataclass(frozen=True)
@@ -162,8 +164,11 @@ class _CannotRebuild(Exception):
     pass
 
 
-def take_marks(gm: fx.GraphModule, marks: Marks) -> dict[fx.Node, list[Mark]]:
+def take_marks(
+    gm: fx.GraphModule, marks: Marks, weights: frozenset[str] = frozenset()
+) -> dict[fx.Node, list[Mark]]:
     """Remove the marks from ``gm``; for each marked node, the module outputs it is.
+    ``weights``: the placeholders of ``gm`` that are parameters, buffers or constants.
 
     A mark inside a region export keeps as a submodule (``torch.autocast``, ``no_grad``)
     is removed there too, and passed on to the ``getitem`` that takes the value out; a
@@ -179,7 +184,8 @@ def take_marks(gm: fx.GraphModule, marks: Marks) -> dict[fx.Node, list[Mark]]:
             source, call, element = node.args
             assert isinstance(source, fx.Node) and isinstance(call, int)
             assert isinstance(element, int)
-            found.setdefault(source, []).append(Mark(call, marks.elements[call][element]))
+            point = _returned(gm.graph, source, node, weights)
+            found.setdefault(point, []).append(Mark(call, marks.elements[call][element]))
             node.replace_all_uses_with(source)
             gm.graph.erase_node(node)
             removed[node] = source
@@ -211,6 +217,20 @@ def _run_user_hooks(
         moving = [m for m in found.get(out, ()) if m.call >= call]
         found[out] = [m for m in found[out] if m.call < call]
         found.setdefault(node, []).extend(moving)
+
+
+def _returned(graph: fx.Graph, source: fx.Node, mark: fx.Node, weights: frozenset[str]) -> fx.Node:
+    """The node that is the value ``mark`` saw returned: ``source`` itself, or a view of it
+    put at the mark (``RETURNED``) where ``source`` is no op's value as returned: a model
+    input or a region's (a placeholder is no point) or a tensor written through a view since it was made
+    (RWKV's state, each layer writing its slice in place; later writes make it a snapshot)."""
+    given = source.op == "placeholder" and source.name not in weights
+    if not given and not written_between(source, mark):
+        return source
+    with graph.inserting_before(mark):
+        view = graph.call_function(torch.ops.aten.alias.default, (source,))
+    view.meta = {**mark.meta, RETURNED: True}
+    return view
 
 
 def _regions(gm: fx.GraphModule, node: fx.Node) -> list[fx.GraphModule]:
