@@ -42,6 +42,9 @@ SAMPLE = {
     "transformers:bart/seq2seq-lm": "text encoder-decoder, generate",
     "transformers:vit/image-classification": "vision transformer, torch.export",
     "transformers:clip/base": "multimodal dual encoder (text and image)",
+    "transformers:rwkv/causal-lm": "recurrent decoder, a state written in place per layer",
+    "transformers:qwen2_audio/seq2seq-lm": "audio-text decoder, a module returns its input",
+    "transformers:reformer/base": "LSH attention, a cache rebuilt with other contents",
 }
 
 
