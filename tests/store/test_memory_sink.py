@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from clouseau.ir.errors import CaptureError
+from clouseau.ir.sink import whole_call
 from clouseau.store import DirectorySink, MemorySink, load
 from tests.store.util import value
 
@@ -74,3 +75,45 @@ def test_a_refused_put_saves_nothing_and_later_puts_keep_their_order() -> None:
     sink.close()
     with pytest.raises(CaptureError, match="closed"):
         sink.put(call, 0, [value("closed", np.ones(2, np.float32))])
+
+
+def test_a_whole_call_at_once_is_begin_put_end(tmp_path: Path) -> None:
+    """put_call (the hook path's one sink call per model call) numbers and keeps a call as
+    begin_call, put and end_call do, beside calls made that way and a late put into an
+    earlier call; the fallback of a sink with no put_call of its own says the same."""
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal(3).astype(np.float32) for _ in range(4)]
+
+    def calls(sink: MemorySink | DirectorySink) -> None:
+        put_call = whole_call(sink)
+        first = sink.begin_call()
+        sink.put(first, 0, [value("a", arrays[0])])
+        second = put_call(0, [value("b", arrays[1]), value("c", arrays[2], (), "alias")])
+        assert second == first + 1
+        sink.put(first, 0, [value("late", arrays[3])])  # a gradient tap's put, after
+        sink.end_call(first)
+
+    memory, directory = MemorySink(), DirectorySink(tmp_path)
+    assert getattr(whole_call(memory), "__self__", None) is memory  # its own, bound
+    calls(memory)
+    calls(directory)
+    directory.close()
+    kept, written = memory.capture().records, load(tmp_path).records
+    assert [(r.key, r.names, r.call, r.order) for r in kept] == [
+        (r.key, r.names, r.call, r.order) for r in written
+    ]
+    assert [(r.key, r.order) for r in kept if r.call == 1] == [("b#1", 0), ("c#1", 1)]
+
+
+def test_a_refused_whole_call_is_numbered_and_failed() -> None:
+    sink = MemorySink()
+    with pytest.raises(CaptureError, match="cannot store dtype complex128"):
+        sink.put_call(0, [value("bad", np.ones(2, np.complex128))])
+    assert sink.put_call(0, [value("ok", np.ones(2, np.float32))]) == 1
+    cap = sink.capture()
+    assert [r.key for r in cap.records] == ["ok#1"]
+    assert "complex128" in cap.failed_calls[0]
+    sink.close()
+    with pytest.raises(CaptureError, match="closed"):
+        sink.put_call(0, [value("closed", np.ones(2, np.float32))])
+    assert sink.capture().calls_made == 2  # a closed capture numbers no call

@@ -51,7 +51,7 @@ from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref, TraceKind
 from clouseau.ir.passes import insert_saves
 from clouseau.ir.selection import SelectLike, select_points
-from clouseau.ir.sink import SavedBatch, Saves, Sink
+from clouseau.ir.sink import SavedBatch, Saves, Sink, whole_call
 from clouseau.ir.verify import verify
 
 __all__ = ["ModuleHooks", "hook_capture", "hooked_paths", "module_paths_selected"]
@@ -163,6 +163,7 @@ class ModuleHooks:
         self._model = model
         self._select = select
         self._sink = sink
+        self._put_call = whole_call(sink)  # a call's values at its end, in one sink call
         named = dict(model.named_modules())
         chosen = paths if paths is not None else tuple(p for p in named if p)
         self._hooked = tuple((named[p], (p, type(named[p]).__name__)) for p in chosen)
@@ -277,30 +278,29 @@ class ModuleHooks:
             self._clear()
 
     def _close(self) -> None:
-        # The sink hears of a call only at its end, in one begin, put and end: nothing of
-        # it runs per module output, and the first call of a capture begins in the sink
-        # (which replaces an earlier capture at its path) only once it has run, so a rerun
-        # that fails on a wrong input leaves the earlier capture whole.
-        sink = self._sink
+        # The sink hears of a call only at its end, in one call (whole_call: begin, put and
+        # end at once): nothing of it runs per module output, and the first call of a
+        # capture begins in the sink (which replaces an earlier capture at its path) only
+        # once it has run, so a rerun that fails on a wrong input leaves the earlier
+        # capture whole.
         try:
             put = self._batch()  # a new sequence's graph may be refused (its dtypes)
-            call = sink.begin_call()
         except BaseException as error:
             self._abort(error)
             raise
-        self._begun = True
         self._thread = self._active = self._root = None
         self._met = []  # _clear, inline (the previous list may be _last's key)
         self._arrays.clear()
         self._tensors.clear()
         self._seen.clear()
-        if put is not None:
-            try:
-                sink.put(call, put[0], put[1])
-            except BaseException as error:
-                sink.fail_call(call, error)
-                raise
-        sink.end_call(call)
+        # Begun even where the sink raises: a refused value leaves the call numbered and
+        # failed, and a closed or stopped capture begins no call again.
+        self._begun = True
+        if put is None:  # a call that met no output is a call of the capture all the same
+            sink = self._sink
+            sink.end_call(sink.begin_call())
+        else:
+            self._put_call(put[0], put[1])
 
     def _abort(self, error: BaseException) -> None:
         # A call that failed is one of the capture, failed, once it met a selected output
