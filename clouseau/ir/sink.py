@@ -118,8 +118,9 @@ class SavedBatch(Sequence[SavedValue]):
 class Sink(Protocol):
     """Where an instrumented model sends what it saves. Every method is thread-safe.
 
-    A sink may also define ``put_call(graph_id, values) -> int``: a whole call at once
-    (begin, put and end), nothing put into it later; see :func:`whole_call`.
+    A sink may also define ``put_call(graph_id, saves, arrays) -> int``: a whole call at
+    once (begin, put and end, the values as a :class:`SavedBatch`'s two parts), nothing put
+    into it later; see :func:`whole_call`.
     """
 
     def add_graph(self, graph: Graph) -> int:
@@ -159,8 +160,8 @@ class Sink(Protocol):
         ...
 
 
-#: One whole call put at once: ``(graph_id, values) -> call``.
-PutCall = Callable[[int, Sequence[SavedValue]], int]
+#: One whole call put at once: ``(graph_id, saves, arrays) -> call``.
+PutCall = Callable[[int, Saves, tuple[Any, ...]], int]
 
 
 def whole_call(sink: Sink) -> PutCall:
@@ -169,15 +170,17 @@ def whole_call(sink: Sink) -> PutCall:
     A frontend that has every value of a call only when it ends (the hook path) pays one
     sink call rather than three: the sink's own ``put_call`` where its class defines one
     (a wrapper that forwards attributes, such as generate's call counter, has none, so
-    its own ``begin_call`` is not bypassed), else ``begin_call``, ``put``, ``end_call``.
-    Either way a put that raises leaves the call numbered and failed, with the error,
+    its own ``begin_call`` is not bypassed), else ``begin_call``, ``put`` (of a
+    :class:`SavedBatch`) and ``end_call``. The values come as a batch's two parts, the
+    ``saves`` made once and this call's ``arrays``, so no object is made for them. Either way a put that raises leaves the call numbered and failed, with the error,
     and a closed capture raises before numbering any.
     """
     own = getattr(type(sink), "put_call", None)
     if own is not None:
         return own.__get__(sink, type(sink))  # the bound method: no frame of ours per call
 
-    def put_call(graph_id: int, values: Sequence[SavedValue]) -> int:
+    def put_call(graph_id: int, saves: Saves, arrays: tuple[Any, ...]) -> int:
+        values = SavedBatch(saves, arrays)  # checked before the call is numbered
         call = sink.begin_call()
         try:
             sink.put(call, graph_id, values)

@@ -10,7 +10,7 @@ import numpy as np
 
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph, Node, NodeKind, TensorSpec
-from clouseau.ir.sink import SavedBatch, SavedValue
+from clouseau.ir.sink import SavedBatch, SavedValue, Saves
 from clouseau.store.capture import Capture, Entry, Record, tensor_key
 from clouseau.store.safetensors_io import TO_NUMPY, dtype_code, storable
 
@@ -166,7 +166,19 @@ class MemorySink:
             return calls.begin()
 
     def put(self, call: int, graph_id: int, values: Sequence[SavedValue]) -> None:
-        names, nodes, arrays, indices = _columns(values)
+        # Plain tuples of strings and arrays, not SavedValue objects: the garbage
+        # collector stops tracking them, so a long capture does not make every
+        # collection (and so every call) slower. A SavedBatch's names are its Saves' own
+        # tuples, shared by every call of the graph.
+        if type(values) is SavedBatch:  # the per-call path: no frame, nothing per value
+            names, nodes, indices = values.saves.names, values.saves.nodes, None
+            arrays = values.arrays
+        else:
+            names, nodes, arrays, indices = columns(values)
+        for array in arrays:  # the caller's own arrays: checked outside the lock
+            if type(array) is not np.ndarray or array.dtype not in _NATIVE:
+                arrays = _converted(names, arrays)
+                break
         # Under the lock: a call's puts may come from another thread than its forward's
         # (autograd's device threads run the gradient taps, after the call has ended).
         calls = self._calls
@@ -177,13 +189,19 @@ class MemorySink:
             calls.order[call] = order + len(arrays)
             self._pending.append((call, graph_id, order, names, nodes, arrays, indices))
 
-    def put_call(self, graph_id: int, values: Sequence[SavedValue]) -> int:
+    def put_call(self, graph_id: int, saves: Saves, arrays: tuple[Any, ...]) -> int:
         """A whole call at once (:func:`~clouseau.ir.sink.whole_call`: the hook path):
         numbered and put under one hold of the lock, and no order entry kept for it, as
         nothing puts into it later (a call with gradient taps is begun, then put)."""
+        names, nodes = saves.names, saves.nodes
         try:
-            names, nodes, arrays, indices = _columns(values)
-        except BaseException as error:  # a dtype refused: the call is numbered, failed
+            if len(arrays) != len(nodes):
+                raise ValueError(f"{len(arrays)} arrays for {len(nodes)} saved values")
+            for array in arrays:  # put's check (the caller's own arrays)
+                if type(array) is not np.ndarray or array.dtype not in _NATIVE:
+                    arrays = _converted(names, arrays)
+                    break
+        except BaseException as error:  # refused: the call is numbered, and failed
             self.fail_call(self.begin_call(), error)
             raise
         calls = self._calls
@@ -192,7 +210,7 @@ class MemorySink:
                 calls.check_open()  # raises: no call numbered, as begin_call
             call = calls.next_call
             calls.next_call = call + 1
-            self._pending.append((call, graph_id, 0, names, nodes, arrays, indices))
+            self._pending.append((call, graph_id, 0, names, nodes, arrays, None))
         return call
 
     def end_call(self, call: int) -> None:
@@ -249,23 +267,6 @@ _Put = tuple[
     Sequence[Sequence[int]] | None,
 ]
 _NATIVE = frozenset(TO_NUMPY.values())  # the dtypes a file holds as they are
-
-
-def _columns(values: Sequence[SavedValue]) -> Columns:
-    """A put's columns as plain tuples of strings and arrays, not SavedValue objects: the
-    garbage collector stops tracking them, so a long capture does not make every
-    collection (and so every call) slower. A SavedBatch's names are its Saves' own
-    tuples, shared by every call of the graph; the caller's own arrays are checked (and
-    converted where a file could not hold them as they are) outside the lock."""
-    if type(values) is SavedBatch:  # the per-call path: nothing made per value
-        names, nodes, indices = values.saves.names, values.saves.nodes, None
-        arrays = values.arrays
-    else:
-        names, nodes, arrays, indices = columns(values)
-    for array in arrays:
-        if type(array) is not np.ndarray or array.dtype not in _NATIVE:
-            return names, nodes, _converted(names, arrays), indices
-    return names, nodes, arrays, indices
 
 
 def _converted(names: Sequence[Sequence[str]], arrays: tuple[Any, ...]) -> tuple[np.ndarray, ...]:

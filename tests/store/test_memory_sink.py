@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from clouseau.ir.errors import CaptureError
-from clouseau.ir.sink import whole_call
+from clouseau.ir.sink import Saves, whole_call
 from clouseau.store import DirectorySink, MemorySink, load
 from tests.store.util import value
 
@@ -88,7 +88,7 @@ def test_a_whole_call_at_once_is_begin_put_end(tmp_path: Path) -> None:
         put_call = whole_call(sink)
         first = sink.begin_call()
         sink.put(first, 0, [value("a", arrays[0])])
-        second = put_call(0, [value("b", arrays[1]), value("c", arrays[2], (), "alias")])
+        second = put_call(0, Saves((("b",), ("c", "alias")), ("b", "c")), (arrays[1], arrays[2]))
         assert second == first + 1
         sink.put(first, 0, [value("late", arrays[3])])  # a gradient tap's put, after
         sink.end_call(first)
@@ -106,14 +106,16 @@ def test_a_whole_call_at_once_is_begin_put_end(tmp_path: Path) -> None:
 
 
 def test_a_refused_whole_call_is_numbered_and_failed() -> None:
-    sink = MemorySink()
+    sink, bad, ok = MemorySink(), Saves((("bad",),), ("bad",)), Saves((("ok",),), ("ok",))
     with pytest.raises(CaptureError, match="cannot store dtype complex128"):
-        sink.put_call(0, [value("bad", np.ones(2, np.complex128))])
-    assert sink.put_call(0, [value("ok", np.ones(2, np.float32))]) == 1
+        sink.put_call(0, bad, (np.ones(2, np.complex128),))
+    with pytest.raises(ValueError, match="2 arrays for 1 saved values"):
+        sink.put_call(0, ok, (np.ones(2, np.float32),) * 2)
+    assert sink.put_call(0, ok, (np.ones(2, np.float32),)) == 2
     cap = sink.capture()
-    assert [r.key for r in cap.records] == ["ok#1"]
-    assert "complex128" in cap.failed_calls[0]
+    assert [r.key for r in cap.records] == ["ok#2"]
+    assert "complex128" in cap.failed_calls[0] and "ValueError" in cap.failed_calls[1]
     sink.close()
     with pytest.raises(CaptureError, match="closed"):
-        sink.put_call(0, [value("closed", np.ones(2, np.float32))])
-    assert sink.capture().calls_made == 2  # a closed capture numbers no call
+        sink.put_call(0, ok, (np.ones(2, np.float32),))
+    assert sink.capture().calls_made == 3  # a closed capture numbers no call

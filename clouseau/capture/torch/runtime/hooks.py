@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from clouseau.capture.torch._compat import tensor_version
+from clouseau.capture.torch._compat import module_dispatches, tensor_version
 from clouseau.capture.torch.flop_ops import category
 from clouseau.capture.torch.naming.points import (
     PointNamer,
@@ -55,6 +55,10 @@ from clouseau.ir.sink import SavedBatch, Saves, Sink, whole_call
 from clouseau.ir.verify import verify
 
 __all__ = ["ModuleHooks", "hook_capture", "hooked_paths", "module_paths_selected"]
+
+# What calling a module runs, unless its class has a __call__ of its own (or torch.fx,
+# tracing in this thread, has patched nn.Module's).
+_MODULE_CALL = torch.nn.Module.__call__
 
 
 class _Hook:
@@ -209,8 +213,14 @@ class ModuleHooks:
             self._thread = self._active = get_ident()  # _open, inline: it runs every call
             if self._met or self._tensors:
                 self._clear()
+            model = self._model
             try:
-                out = self._model(*args, **kwargs)
+                # The model's forward itself where nn.Module.__call__ would only call it
+                # (the hooks are its submodules'): two Python frames less per call.
+                if type(model).__call__ is _MODULE_CALL and not module_dispatches(model):
+                    out = model.forward(*args, **kwargs)
+                else:
+                    out = model(*args, **kwargs)
             except BaseException as error:
                 self._abort(error)
                 raise
@@ -252,7 +262,7 @@ class ModuleHooks:
                 yield
                 put = self._batch()
                 if put is not None:
-                    self._sink.put(call, put[0], put[1])
+                    self._sink.put(call, put[0], SavedBatch(put[1], put[2]))
             finally:
                 self._thread = self._active = None
                 self._clear()
@@ -300,7 +310,7 @@ class ModuleHooks:
             sink = self._sink
             sink.end_call(sink.begin_call())
         else:
-            self._put_call(put[0], put[1])
+            self._put_call(*put)
 
     def _abort(self, error: BaseException) -> None:
         # A call that failed is one of the capture, failed, once it met a selected output
@@ -353,8 +363,9 @@ class ModuleHooks:
             tensors.append(t)
         return found
 
-    def _batch(self) -> tuple[int, SavedBatch] | None:
-        """The graph id and the saved values of the call, None if it met no output."""
+    def _batch(self) -> tuple[int, Saves, tuple[Any, ...]] | None:
+        """The graph id and the saved values of the call (a SavedBatch's two parts: the
+        names and nodes, made once, and the arrays), None if it met no output."""
         self.saved = 0
         met = self._met
         if not met:
@@ -378,7 +389,7 @@ class ModuleHooks:
         self.saved = len(saves.nodes)  # a tuple's len: no frame (Saves.__len__)
         arrays = self._arrays
         picked = tuple(arrays) if take is None else tuple([arrays[i] for i in take])
-        return graph_id, SavedBatch(saves, picked)
+        return graph_id, saves, picked
 
     def _graph(self, met: list[_Met]) -> _Found:
         """The graph id of a new sequence of module outputs, the indices of the values it
