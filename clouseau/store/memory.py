@@ -144,7 +144,8 @@ class MemorySink:
     numbers the values and keeps the put's names, nodes, arrays (the frontend's own
     copies) and indices as plain tuples, which the garbage collector stops tracking; a
     :class:`~clouseau.ir.sink.SavedBatch` hands over its names as tuples made once per
-    graph, so nothing is made per value. The records and read-only views are made once,
+    graph, so nothing is made per value; ``put_call`` (the hook path's whole call) takes
+    the lock once and keeps no order entry. The records and read-only views are made once,
     when a capture is next read.
     """
 

@@ -16,7 +16,8 @@ inside its hook, once, so a later in-place op cannot change it.
 Cost: the hooks are registered once per instrumented model, at its first call, and stay
 (a weak reference: they go with the instrumented model); outside one of its calls, in
 another thread, or on a copy of the model, a hook returns at once. A call keeps only its
-own values; the names and the graph of a sequence of module calls are computed once.
+own values; the names and the graph of a sequence of module calls are computed once. The
+sink hears of a call once, at its end (:func:`~clouseau.ir.sink.whole_call`).
 
 The graph a capture stores for these calls is a module-level one (frontend
 ``torch.hooks``): an opaque input, one node per module output met, with its shape. One
