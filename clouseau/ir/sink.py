@@ -168,14 +168,16 @@ def whole_call(sink: Sink) -> PutCall:
     """How to hand ``sink`` one call's values at once, the call begun and ended with them.
 
     A frontend that has every value of a call only when it ends (the hook path) pays one
-    sink call rather than three: the sink's own ``put_call`` where its class defines one
-    (a wrapper that forwards attributes, such as generate's call counter, has none, so
-    its own ``begin_call`` is not bypassed), else ``begin_call``, ``put`` (of a
-    :class:`SavedBatch`) and ``end_call``. The values come as a batch's two parts, the
-    ``saves`` made once and this call's ``arrays``, so no object is made for them. Either way a put that raises leaves the call numbered and failed, with the error,
-    and a closed capture raises before numbering any.
+    sink call rather than three: the sink's own ``put_call`` where its class itself
+    defines one (a wrapper that forwards attributes, such as generate's call counter,
+    or a subclass has none, so its own ``begin_call`` or ``put`` is not bypassed), else
+    ``begin_call``, ``put`` (of a :class:`SavedBatch`) and ``end_call``. The values come
+    as a batch's two parts, the ``saves`` made once and this call's ``arrays``, so no
+    object is made for them. Either way a put that raises leaves the call numbered and
+    failed, with the error, and a closed capture raises before numbering any.
     """
-    own = getattr(type(sink), "put_call", None)
+    # The class's own, not an inherited one: a subclass may change begin_call or put.
+    own = vars(type(sink)).get("put_call")
     if own is not None:
         return own.__get__(sink, type(sink))  # the bound method: no frame of ours per call
 

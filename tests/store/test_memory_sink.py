@@ -119,3 +119,32 @@ def test_a_refused_whole_call_is_numbered_and_failed() -> None:
     with pytest.raises(CaptureError, match="closed"):
         sink.put_call(0, ok, (np.ones(2, np.float32),))
     assert sink.capture().calls_made == 3  # a closed capture numbers no call
+
+
+def test_a_whole_call_goes_through_a_wrapper_or_subclass_own_begin_call() -> None:
+    """whole_call takes a sink class's own put_call only: a subclass that counts its
+    calls in begin_call, or a wrapper forwarding attributes, is called through it."""
+
+    class Counting(MemorySink):
+        begun = 0
+
+        def begin_call(self) -> int:
+            self.begun += 1
+            return super().begin_call()
+
+    class Wrapper:
+        def __init__(self, sink: MemorySink) -> None:
+            self.sink, self.begun = sink, 0
+
+        def begin_call(self) -> int:
+            self.begun += 1
+            return self.sink.begin_call()
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.sink, name)
+
+    saves = Saves((("a",),), ("a",))
+    for sink in (Counting(), Wrapper(MemorySink())):
+        assert whole_call(sink)(0, saves, (np.ones(2, np.float32),)) == 0  # type: ignore[arg-type]
+        assert sink.begun == 1
+        assert [r.key for r in sink.capture().records] == ["a#0"]
