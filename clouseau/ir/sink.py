@@ -7,7 +7,7 @@ other.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, overload
 
@@ -116,7 +116,12 @@ class SavedBatch(Sequence[SavedValue]):
 
 
 class Sink(Protocol):
-    """Where an instrumented model sends what it saves. Every method is thread-safe."""
+    """Where an instrumented model sends what it saves. Every method is thread-safe.
+
+    A sink may also define ``put_call(graph_id, saves, arrays) -> int``: a whole call at
+    once (begin, put and end, the values as a :class:`SavedBatch`'s two parts), nothing put
+    into it later; see :func:`whole_call`.
+    """
 
     def add_graph(self, graph: Graph) -> int:
         """Record a traced graph (one per input signature); returns its id."""
@@ -153,3 +158,38 @@ class Sink(Protocol):
     def capture(self) -> Any:
         """A Capture of everything put so far (``fmodel.captured``)."""
         ...
+
+
+#: One whole call put at once: ``(graph_id, saves, arrays) -> call``.
+PutCall = Callable[[int, Saves, tuple[Any, ...]], int]
+
+
+def whole_call(sink: Sink) -> PutCall:
+    """How to hand ``sink`` one call's values at once, the call begun and ended with them.
+
+    A frontend that has every value of a call only when it ends (the hook path) pays one
+    sink call rather than three: the sink's own ``put_call`` where its class itself
+    defines one (a wrapper that forwards attributes, such as generate's call counter,
+    or a subclass has none, so its own ``begin_call`` or ``put`` is not bypassed), else
+    ``begin_call``, ``put`` (of a :class:`SavedBatch`) and ``end_call``. The values come
+    as a batch's two parts, the ``saves`` made once and this call's ``arrays``, so no
+    object is made for them. Either way a put that raises leaves the call numbered and
+    failed, with the error, and a closed capture raises before numbering any.
+    """
+    # The class's own, not an inherited one: a subclass may change begin_call or put.
+    own = vars(type(sink)).get("put_call")
+    if own is not None:
+        return own.__get__(sink, type(sink))  # the bound method: no frame of ours per call
+
+    def put_call(graph_id: int, saves: Saves, arrays: tuple[Any, ...]) -> int:
+        values = SavedBatch(saves, arrays)  # checked before the call is numbered
+        call = sink.begin_call()
+        try:
+            sink.put(call, graph_id, values)
+        except BaseException as error:
+            sink.fail_call(call, error)
+            raise
+        sink.end_call(call)
+        return call
+
+    return put_call

@@ -10,7 +10,7 @@ import numpy as np
 
 from clouseau.ir.errors import CaptureError
 from clouseau.ir.graph import Graph, Node, NodeKind, TensorSpec
-from clouseau.ir.sink import SavedBatch, SavedValue
+from clouseau.ir.sink import SavedBatch, SavedValue, Saves
 from clouseau.store.capture import Capture, Entry, Record, tensor_key
 from clouseau.store.safetensors_io import TO_NUMPY, dtype_code, storable
 
@@ -144,7 +144,8 @@ class MemorySink:
     numbers the values and keeps the put's names, nodes, arrays (the frontend's own
     copies) and indices as plain tuples, which the garbage collector stops tracking; a
     :class:`~clouseau.ir.sink.SavedBatch` hands over its names as tuples made once per
-    graph, so nothing is made per value. The records and read-only views are made once,
+    graph, so nothing is made per value; ``put_call`` (the hook path's whole call) takes
+    the lock once and keeps no order entry. The records and read-only views are made once,
     when a capture is next read.
     """
 
@@ -188,6 +189,30 @@ class MemorySink:
             order = calls.order.get(call, 0)
             calls.order[call] = order + len(arrays)
             self._pending.append((call, graph_id, order, names, nodes, arrays, indices))
+
+    def put_call(self, graph_id: int, saves: Saves, arrays: tuple[Any, ...]) -> int:
+        """A whole call at once (:func:`~clouseau.ir.sink.whole_call`: the hook path):
+        numbered and put under one hold of the lock, and no order entry kept for it, as
+        nothing puts into it later (a call with gradient taps is begun, then put)."""
+        names, nodes = saves.names, saves.nodes
+        try:
+            if len(arrays) != len(nodes):
+                raise ValueError(f"{len(arrays)} arrays for {len(nodes)} saved values")
+            for array in arrays:  # put's check (the caller's own arrays)
+                if type(array) is not np.ndarray or array.dtype not in _NATIVE:
+                    arrays = _converted(names, arrays)
+                    break
+        except BaseException as error:  # refused: the call is numbered, and failed
+            self.fail_call(self.begin_call(), error)
+            raise
+        calls = self._calls
+        with calls.lock:
+            if calls.stopped or calls.closed:
+                calls.check_open()  # raises: no call numbered, as begin_call
+            call = calls.next_call
+            calls.next_call = call + 1
+            self._pending.append((call, graph_id, 0, names, nodes, arrays, None))
+        return call
 
     def end_call(self, call: int) -> None:
         pass  # a call's order entry stays: its gradient taps may put after it ends

@@ -112,3 +112,43 @@ def test_a_hook_on_the_model_itself_runs_once_per_call_around_the_graph(path: st
         assert torch.equal(fmodel(x), expected)
         assert seen == [torch.Tensor] * (call + 2)  # the eager call, then one per call
     assert fmodel.captured.graph.trace_kind is FRONTENDS[path]
+
+
+class _OwnCall(Branchy):
+    """A model whose class defines its own ``__call__`` (it adds one to the output)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return super().__call__(*args, **kwargs) + 1
+
+
+@pytest.mark.parametrize("root", ["hook", "pre_hook", "own_call", "global_hook"])
+def test_the_hook_path_calls_the_model_as_a_call_would(root: str) -> None:
+    """The hook path runs the model's forward itself only where ``nn.Module.__call__``
+    would do nothing else: a hook on the model, a pre-hook, a process-wide hook or a
+    ``__call__`` of its own still runs, once per call."""
+    model = (_OwnCall if root == "own_call" else Branchy)(export=False).eval()
+    seen: list[str] = []
+    handle = None
+    if root == "hook":
+        model.register_forward_hook(lambda m, a, out: seen.append("hook") or out * 2)
+    elif root == "pre_hook":
+        model.register_forward_pre_hook(lambda m, a: seen.append("pre") or (a[0] * 2,))
+    elif root == "global_hook":
+        handle = nn.modules.module.register_module_forward_hook(
+            lambda m, a, out: seen.append(type(m).__name__) if m is model else None
+        )
+    try:
+        x = torch.randn(3, 4)
+        expected = model(x)
+        eager = list(seen)
+        fmodel = clouseau.instrument(model, select=["block.0", "block.1"], path=None)
+        for call in range(2):
+            assert torch.equal(fmodel(x), expected)
+            assert seen == eager * (call + 2)
+        captured = fmodel.captured
+        assert captured.graph.trace_kind is TraceKind.TORCH_HOOKS
+        inner = model.block[0](model.fc(x * 2 if root == "pre_hook" else x)).detach()
+        assert torch.equal(torch.from_numpy(captured.get("block.0", call=1)), inner)
+    finally:
+        if handle is not None:
+            handle.remove()

@@ -16,7 +16,8 @@ inside its hook, once, so a later in-place op cannot change it.
 Cost: the hooks are registered once per instrumented model, at its first call, and stay
 (a weak reference: they go with the instrumented model); outside one of its calls, in
 another thread, or on a copy of the model, a hook returns at once. A call keeps only its
-own values; the names and the graph of a sequence of module calls are computed once.
+own values; the names and the graph of a sequence of module calls are computed once. The
+sink hears of a call once, at its end (:func:`~clouseau.ir.sink.whole_call`).
 
 The graph a capture stores for these calls is a module-level one (frontend
 ``torch.hooks``): an opaque input, one node per module output met, with its shape. One
@@ -35,7 +36,7 @@ from typing import Any
 
 import torch
 
-from clouseau.capture.torch._compat import tensor_version
+from clouseau.capture.torch._compat import module_dispatches, tensor_version
 from clouseau.capture.torch.flop_ops import category
 from clouseau.capture.torch.naming.points import (
     PointNamer,
@@ -51,10 +52,14 @@ from clouseau.ir.flops import category_attr
 from clouseau.ir.graph import Graph, ModuleInfo, Node, NodeKind, OpaqueSpec, Ref, TraceKind
 from clouseau.ir.passes import insert_saves
 from clouseau.ir.selection import SelectLike, select_points
-from clouseau.ir.sink import SavedBatch, Saves, Sink
+from clouseau.ir.sink import SavedBatch, Saves, Sink, whole_call
 from clouseau.ir.verify import verify
 
 __all__ = ["ModuleHooks", "hook_capture", "hooked_paths", "module_paths_selected"]
+
+# What calling a module runs, unless its class has a __call__ of its own (or torch.fx,
+# tracing in this thread, has patched nn.Module's).
+_MODULE_CALL = torch.nn.Module.__call__
 
 
 class _Hook:
@@ -163,6 +168,7 @@ class ModuleHooks:
         self._model = model
         self._select = select
         self._sink = sink
+        self._put_call = whole_call(sink)  # a call's values at its end, in one sink call
         named = dict(model.named_modules())
         chosen = paths if paths is not None else tuple(p for p in named if p)
         self._hooked = tuple((named[p], (p, type(named[p]).__name__)) for p in chosen)
@@ -208,8 +214,14 @@ class ModuleHooks:
             self._thread = self._active = get_ident()  # _open, inline: it runs every call
             if self._met or self._tensors:
                 self._clear()
+            model = self._model
             try:
-                out = self._model(*args, **kwargs)
+                # The model's forward itself where nn.Module.__call__ would only call it
+                # (the hooks are its submodules'): two Python frames less per call.
+                if type(model).__call__ is _MODULE_CALL and not module_dispatches(model):
+                    out = model.forward(*args, **kwargs)
+                else:
+                    out = model(*args, **kwargs)
             except BaseException as error:
                 self._abort(error)
                 raise
@@ -251,7 +263,7 @@ class ModuleHooks:
                 yield
                 put = self._batch()
                 if put is not None:
-                    self._sink.put(call, put[0], put[1])
+                    self._sink.put(call, put[0], SavedBatch(put[1], put[2]))
             finally:
                 self._thread = self._active = None
                 self._clear()
@@ -277,30 +289,37 @@ class ModuleHooks:
             self._clear()
 
     def _close(self) -> None:
-        # The sink hears of a call only at its end, in one begin, put and end: nothing of
-        # it runs per module output, and the first call of a capture begins in the sink
-        # (which replaces an earlier capture at its path) only once it has run, so a rerun
-        # that fails on a wrong input leaves the earlier capture whole.
-        sink = self._sink
+        # The sink hears of a call only at its end, in one call (whole_call: begin, put and
+        # end at once): nothing of it runs per module output, and the first call of a
+        # capture begins in the sink (which replaces an earlier capture at its path) only
+        # once it has run, so a rerun that fails on a wrong input leaves the earlier
+        # capture whole. _batch, inline: a Python frame costs more here than its body.
+        met, last = self._met, self._last
         try:
-            put = self._batch()  # a new sequence's graph may be refused (its dtypes)
-            call = sink.begin_call()
-        except BaseException as error:
+            # Most calls repeat the previous one's sequence: its graph, with no lookup.
+            found = last[1] if last is not None and last[0] == met else self._found(met)
+        except BaseException as error:  # a new sequence's graph may be refused (its dtypes)
             self._abort(error)
             raise
-        self._begun = True
+        if found is not None:
+            arrays, (graph_id, take, saves) = self._arrays, found
+            picked = tuple(arrays) if take is None else tuple([arrays[i] for i in take])
+            self.saved = len(saves.nodes)  # a tuple's len: no frame (Saves.__len__)
+        else:
+            self.saved = 0
         self._thread = self._active = self._root = None
         self._met = []  # _clear, inline (the previous list may be _last's key)
         self._arrays.clear()
         self._tensors.clear()
         self._seen.clear()
-        if put is not None:
-            try:
-                sink.put(call, put[0], put[1])
-            except BaseException as error:
-                sink.fail_call(call, error)
-                raise
-        sink.end_call(call)
+        # Begun even where the sink raises: a refused value leaves the call numbered and
+        # failed, and a closed or stopped capture begins no call again.
+        self._begun = True
+        if found is None:  # a call that met no output is a call of the capture all the same
+            sink = self._sink
+            sink.end_call(sink.begin_call())
+        else:
+            self._put_call(graph_id, saves, picked)
 
     def _abort(self, error: BaseException) -> None:
         # A call that failed is one of the capture, failed, once it met a selected output
@@ -353,10 +372,19 @@ class ModuleHooks:
             tensors.append(t)
         return found
 
-    def _batch(self) -> tuple[int, SavedBatch] | None:
-        """The graph id and the saved values of the call, None if it met no output."""
-        self.saved = 0
-        met = self._met
+    def _batch(self) -> tuple[int, Saves, tuple[Any, ...]] | None:
+        """The graph id and the saved values of the call (a SavedBatch's two parts: the
+        names and nodes, made once, and the arrays), None if it met no output."""
+        found = self._found(self._met)
+        self.saved = 0 if found is None else len(found[2].nodes)
+        if found is None:
+            return None
+        (graph_id, take, saves), arrays = found, self._arrays
+        return graph_id, saves, tuple(arrays) if take is None else tuple(arrays[i] for i in take)
+
+    def _found(self, met: list[_Met]) -> _Found | None:
+        """What the call's sequence of module outputs saves (its graph made on the first
+        call of the sequence), None if it met none."""
         if not met:
             return None
         # Ranks, not sizes: a new length is no new graph (it shows the first call's sizes;
@@ -364,21 +392,16 @@ class ModuleHooks:
         # comparing to it costs less than hashing the sequence.
         last = self._last
         if last is not None and last[0] == met:
-            found = last[1]
-        else:
-            key = tuple(met)
-            found = self._graphs.get(key)
-            if found is None:
-                found = self._graph(met)
-                if len(self._graphs) >= 4096:  # unbounded kinds of calls: start over
-                    self._graphs.clear()
-                self._graphs[key] = found
-            self._last = (met, found)
-        graph_id, take, saves = found
-        self.saved = len(saves.nodes)  # a tuple's len: no frame (Saves.__len__)
-        arrays = self._arrays
-        picked = tuple(arrays) if take is None else tuple([arrays[i] for i in take])
-        return graph_id, SavedBatch(saves, picked)
+            return last[1]
+        key = tuple(met)
+        found = self._graphs.get(key)
+        if found is None:
+            found = self._graph(met)
+            if len(self._graphs) >= 4096:  # unbounded kinds of calls: start over
+                self._graphs.clear()
+            self._graphs[key] = found
+        self._last = (met, found)
+        return found
 
     def _graph(self, met: list[_Met]) -> _Found:
         """The graph id of a new sequence of module outputs, the indices of the values it
