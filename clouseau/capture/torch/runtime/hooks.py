@@ -293,20 +293,12 @@ class ModuleHooks:
         # end at once): nothing of it runs per module output, and the first call of a
         # capture begins in the sink (which replaces an earlier capture at its path) only
         # once it has run, so a rerun that fails on a wrong input leaves the earlier
-        # capture whole. _batch, inline: a Python frame costs more here than its body.
-        met, last = self._met, self._last
+        # capture whole.
         try:
-            # Most calls repeat the previous one's sequence: its graph, with no lookup.
-            found = last[1] if last is not None and last[0] == met else self._found(met)
-        except BaseException as error:  # a new sequence's graph may be refused (its dtypes)
+            put = self._batch()  # a new sequence's graph may be refused (its dtypes)
+        except BaseException as error:
             self._abort(error)
             raise
-        if found is not None:
-            arrays, (graph_id, take, saves) = self._arrays, found
-            picked = tuple(arrays) if take is None else tuple([arrays[i] for i in take])
-            self.saved = len(saves.nodes)  # a tuple's len: no frame (Saves.__len__)
-        else:
-            self.saved = 0
         self._thread = self._active = self._root = None
         self._met = []  # _clear, inline (the previous list may be _last's key)
         self._arrays.clear()
@@ -315,11 +307,11 @@ class ModuleHooks:
         # Begun even where the sink raises: a refused value leaves the call numbered and
         # failed, and a closed or stopped capture begins no call again.
         self._begun = True
-        if found is None:  # a call that met no output is a call of the capture all the same
+        if put is None:  # a call that met no output is a call of the capture all the same
             sink = self._sink
             sink.end_call(sink.begin_call())
         else:
-            self._put_call(graph_id, saves, picked)
+            self._put_call(*put)
 
     def _abort(self, error: BaseException) -> None:
         # A call that failed is one of the capture, failed, once it met a selected output
@@ -375,16 +367,8 @@ class ModuleHooks:
     def _batch(self) -> tuple[int, Saves, tuple[Any, ...]] | None:
         """The graph id and the saved values of the call (a SavedBatch's two parts: the
         names and nodes, made once, and the arrays), None if it met no output."""
-        found = self._found(self._met)
-        self.saved = 0 if found is None else len(found[2].nodes)
-        if found is None:
-            return None
-        (graph_id, take, saves), arrays = found, self._arrays
-        return graph_id, saves, tuple(arrays) if take is None else tuple(arrays[i] for i in take)
-
-    def _found(self, met: list[_Met]) -> _Found | None:
-        """What the call's sequence of module outputs saves (its graph made on the first
-        call of the sequence), None if it met none."""
+        self.saved = 0
+        met = self._met
         if not met:
             return None
         # Ranks, not sizes: a new length is no new graph (it shows the first call's sizes;
@@ -392,16 +376,21 @@ class ModuleHooks:
         # comparing to it costs less than hashing the sequence.
         last = self._last
         if last is not None and last[0] == met:
-            return last[1]
-        key = tuple(met)
-        found = self._graphs.get(key)
-        if found is None:
-            found = self._graph(met)
-            if len(self._graphs) >= 4096:  # unbounded kinds of calls: start over
-                self._graphs.clear()
-            self._graphs[key] = found
-        self._last = (met, found)
-        return found
+            found = last[1]
+        else:
+            key = tuple(met)
+            found = self._graphs.get(key)
+            if found is None:
+                found = self._graph(met)
+                if len(self._graphs) >= 4096:  # unbounded kinds of calls: start over
+                    self._graphs.clear()
+                self._graphs[key] = found
+            self._last = (met, found)
+        graph_id, take, saves = found
+        self.saved = len(saves.nodes)  # a tuple's len: no frame (Saves.__len__)
+        arrays = self._arrays
+        picked = tuple(arrays) if take is None else tuple([arrays[i] for i in take])
+        return graph_id, saves, picked
 
     def _graph(self, met: list[_Met]) -> _Found:
         """The graph id of a new sequence of module outputs, the indices of the values it
