@@ -118,15 +118,23 @@ def run_worker(case_id: str, timeout: float, *, cpu: float | None = None) -> Out
             process.kill()
             process.join()
             return Outcome(family, key, "", Status.TIMEOUT, detail=f"over {timeout:.0f} s")
-        if cpu is not None and process.exitcode == -signal.SIGXCPU:
-            return Outcome(family, key, "", Status.TIMEOUT, detail=f"over {cpu:.0f} s of CPU")
         out = Path(tmp) / "outcome.json"
         if out.exists():
             return Outcome.from_json(json.loads(out.read_text()))
         log = (Path(tmp) / "worker.log").read_text(errors="replace")
-        tail = log.strip().splitlines()[-3:]
-        return Outcome(family, key, "", Status.FAILED,
-                       detail=short(f"worker exit {process.exitcode}: {' '.join(tail)}"))  # fmt: skip
+        return exit_outcome(family, key, process.exitcode, cpu, log)
+
+
+def exit_outcome(family: str, key: str, code: int | None, cpu: float | None, log: str) -> Outcome:
+    """What a worker that left no outcome ran into: a limit of this machine, or a crash."""
+    if cpu is not None and code == -signal.SIGXCPU:
+        return Outcome(family, key, "", Status.TIMEOUT, detail=f"over {cpu:.0f} s of CPU")
+    if code == -signal.SIGKILL:  # not the sweep's: it kills only past the wall-time limit
+        why = "killed by the kernel: over this machine's memory (the out-of-memory killer)"
+        return Outcome(family, key, "", Status.TIMEOUT, detail=why)
+    tail = log.strip().splitlines()[-3:]
+    return Outcome(family, key, "", Status.FAILED,
+                   detail=short(f"worker exit {code}: {' '.join(tail)}"))  # fmt: skip
 
 
 @functools.cache

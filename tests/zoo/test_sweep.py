@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,13 @@ def test_a_worker_past_its_cpu_limit_is_a_timeout() -> None:
     # A CPU-time limit holds under any load: importing JAX alone takes more than 1 s of CPU.
     outcome = zoo.run_worker("jax:eqx-mlp", timeout=300, cpu=1)
     assert outcome.status is Status.TIMEOUT and outcome.detail == "over 1 s of CPU"
+
+
+def test_a_worker_the_kernel_killed_is_over_the_machines_memory() -> None:
+    outcome = zoo.exit_outcome("timm", "big_vit", -signal.SIGKILL, 90.0, "")
+    assert outcome.status is Status.TIMEOUT and "memory" in outcome.detail
+    crash = zoo.exit_outcome("timm", "big_vit", -signal.SIGSEGV, None, "a\nb\nSegfault")
+    assert crash.status is Status.FAILED and "Segfault" in crash.detail
 
 
 def test_the_table_counts_each_family_and_lists_what_fails() -> None:
