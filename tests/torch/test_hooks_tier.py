@@ -7,6 +7,7 @@ selection; both captures hold the same names, with equal values.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -99,6 +100,39 @@ def test_a_failing_call_is_recorded_as_failed() -> None:
     cap = fmodel.captured
     assert cap.calls == (1,) and set(cap.failed_calls) == {0}
     np.testing.assert_array_equal(cap.get("0.0", call=1), model[0][0](x).detach().numpy())
+
+
+class _Reentrant(torch.nn.Module):
+    """A model whose forward calls its own instrumented model (held outside the module
+    tree): the inner call is part of the outer one, its module calls the second ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.inner: Any = None
+
+    def forward(self, x: torch.Tensor, depth: int = 0) -> torch.Tensor:
+        y = self.fc(x)
+        return y + self.inner(x, depth=1) if depth == 0 else y
+
+
+def test_a_model_calling_its_instrumented_self_is_one_call_not_a_hang() -> None:
+    torch.manual_seed(0)
+    model = _Reentrant()
+    fmodel = clouseau.instrument(model, select=["fc", "fc_1"], path=None)
+    object.__setattr__(model, "inner", fmodel)  # not a submodule: no cycle in the tree
+    x = torch.randn(2, 4)
+    done: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: done.update(out=fmodel(x)), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "the nested call waited on the outer call's lock"
+    want = model.fc(x)
+    np.testing.assert_array_equal(done["out"].detach().numpy(), (want + want).detach().numpy())
+    cap = fmodel.captured
+    assert cap.calls == (0,)
+    for name in ("fc", "fc_1"):
+        np.testing.assert_array_equal(cap.get(name, call=0), want.detach().numpy())
 
 
 @pytest.mark.parametrize(

@@ -208,6 +208,10 @@ class ModuleHooks:
 
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """One call of the model, its selected module outputs saved as one call."""
+        if self._thread == get_ident():
+            # The model called from inside its own call (its forward, a hook, generate's
+            # step) in this thread, which holds the lock: its outputs are that call's.
+            return self._model(*args, **kwargs)
         if not self._installed:
             self._install()
         with self._lock:
