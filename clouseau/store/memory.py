@@ -176,10 +176,7 @@ class MemorySink:
             arrays = values.arrays
         else:
             names, nodes, arrays, indices = columns(values)
-        for array in arrays:  # the caller's own arrays: checked outside the lock
-            if type(array) is not np.ndarray or array.dtype not in _NATIVE:
-                arrays = _converted(names, arrays)
-                break
+        arrays = _storable(names, arrays)  # the caller's own arrays: outside the lock
         # Under the lock: a call's puts may come from another thread than its forward's
         # (autograd's device threads run the gradient taps, after the call has ended).
         calls = self._calls
@@ -198,19 +195,13 @@ class MemorySink:
         try:
             if len(arrays) != len(nodes):
                 raise ValueError(f"{len(arrays)} arrays for {len(nodes)} saved values")
-            for array in arrays:  # put's check (the caller's own arrays)
-                if type(array) is not np.ndarray or array.dtype not in _NATIVE:
-                    arrays = _converted(names, arrays)
-                    break
+            arrays = _storable(names, arrays)
         except BaseException as error:  # refused: the call is numbered, and failed
             self.fail_call(self.begin_call(), error)
             raise
         calls = self._calls
         with calls.lock:
-            if calls.stopped or calls.closed:
-                calls.check_open()  # raises: no call numbered, as begin_call
-            call = calls.next_call
-            calls.next_call = call + 1
+            call = calls.begin()  # a closed capture raises: no call numbered
             self._pending.append((call, graph_id, 0, names, nodes, arrays, None))
         return call
 
@@ -268,6 +259,15 @@ _Put = tuple[
     Sequence[Sequence[int]] | None,
 ]
 _NATIVE = frozenset(TO_NUMPY.values())  # the dtypes a file holds as they are
+
+
+def _storable(names: Sequence[Sequence[str]], arrays: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``arrays`` as they are where each is a numpy array of a dtype a file holds (the
+    frontends' host copies), else converted (:func:`_converted`)."""
+    for array in arrays:
+        if type(array) is not np.ndarray or array.dtype not in _NATIVE:
+            return _converted(names, arrays)
+    return arrays
 
 
 def _converted(names: Sequence[Sequence[str]], arrays: tuple[Any, ...]) -> tuple[np.ndarray, ...]:

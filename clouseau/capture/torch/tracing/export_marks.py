@@ -221,9 +221,10 @@ def _run_user_hooks(
 
 def _returned(graph: fx.Graph, source: fx.Node, mark: fx.Node, weights: frozenset[str]) -> fx.Node:
     """The node that is the value ``mark`` saw returned: ``source`` itself, or a view of it
-    put at the mark (``RETURNED``) where ``source`` is no op's value as returned: a model
-    input or a region's (a placeholder is no point) or a tensor written through a view since it was made
-    (RWKV's state, each layer writing its slice in place; later writes make it a snapshot)."""
+    put at the mark (``RETURNED``) where ``source`` is no op's value as returned: a model's
+    or a region's input (a placeholder is no point), or a tensor written through a view
+    since it was made (RWKV's state, each layer writing its slice in place; the probe
+    makes the view a snapshot where later layers write it too)."""
     given = source.op == "placeholder" and source.name not in weights
     if not given and not written_between(source, mark):
         return source
