@@ -72,6 +72,30 @@ def test_a_replaced_module_or_weight_or_another_selection_traces_again() -> None
     np.testing.assert_array_equal(got["mul"], _eager(model, x)["mul"])
 
 
+class Shifted(nn.Module):
+    """Reads a buffer: replacing it is a new graph, as replacing a weight is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.register_buffer("shift", torch.ones(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x) + self.shift)
+
+
+@torch.no_grad()
+def test_a_replaced_buffer_traces_again() -> None:
+    torch.manual_seed(0)
+    model, x = Shifted().eval(), torch.randn(4, 6)
+    assert _run(model, x, ("relu",))[0] == 1
+    assert _run(model, x, ("relu",))[0] == 0
+    model.shift = torch.full((6,), -0.5)  # a new buffer object: its id is in the key
+    traces, got = _run(model, x, ("relu",))
+    assert traces == 1
+    np.testing.assert_array_equal(got["relu"], torch.relu(model.fc(x) - 0.5).numpy())
+
+
 @torch.no_grad()
 def test_interventions_are_never_reused() -> None:
     torch.manual_seed(0)

@@ -100,6 +100,9 @@ class Entry:
             self.host = host_plan(tuple(t.host_copy for t in self.targets))
 
 
+_DIRECT = "_clouseau_direct_attributes"  # set in a GraphModule's __dict__ once done
+
+
 def _direct_attributes(gm: torch.fx.GraphModule, model: torch.nn.Module) -> None:
     """Let the generated code reach the submodules and weights it reads in one lookup.
 
@@ -109,8 +112,12 @@ def _direct_attributes(gm: torch.fx.GraphModule, model: torch.nn.Module) -> None
     ``nn.Sequential`` iterates its children directly. Copying each reference into the
     ``__dict__`` of the GraphModule and of its own intermediate containers (plain
     ``nn.Module`` instances fx made to hold the paths) makes each step a dict hit. The
-    user's modules are never touched, and ``_modules`` stays the registry.
+    user's modules are never touched, and ``_modules`` stays the registry. Done once per
+    GraphModule: a graph kept for a new instrumented model (runtime/reuse.py) serves the
+    same model, whose modules and weights its key holds.
     """
+    if gm.__dict__.get(_DIRECT):
+        return
     users = {id(m) for m in model.modules()}
     for node in gm.graph.nodes:
         if node.op not in ("call_module", "get_attr"):
@@ -121,3 +128,4 @@ def _direct_attributes(gm: torch.fx.GraphModule, model: torch.nn.Module) -> None
             if owner is gm or (type(owner) is torch.nn.Module and id(owner) not in users):
                 owner.__dict__[atom] = value
             owner = value
+    gm.__dict__[_DIRECT] = True

@@ -44,12 +44,7 @@ def reuse_key(
     selection = _selection(select)
     if not reusable or selection is None:
         return None
-    identity = (
-        tuple(map(id, model.modules())),
-        tuple(map(id, model.parameters())),
-        tuple(map(id, model.buffers())),
-    )
-    key = (id(model), identity, call_key, selection, dynamic)
+    key = (id(model), _identity(model), call_key, selection, dynamic)
     try:
         hash(key)
     except TypeError:  # an argument whose key is not hashable: not kept
@@ -78,6 +73,18 @@ def keep(key: Hashable | None, model: torch.nn.Module, lowered: Lowered) -> None
         _CACHE.move_to_end(key)
         while len(_CACHE) > MAX_MODELS:
             _CACHE.popitem(last=False)
+
+
+def _identity(model: torch.nn.Module) -> tuple[int, ...]:
+    """The ids of every module and of each one's own parameters and buffers, in one walk
+    of the tree (``parameters()`` and ``buffers()`` would walk it again each)."""
+    ids: list[int] = []
+    for module in model.modules():
+        ids.append(id(module))
+        ids.extend(map(id, module.parameters(recurse=False)))
+        ids.append(-1)  # parameters end here: a weight moved to a buffer is a new key
+        ids.extend(map(id, module.buffers(recurse=False)))
+    return tuple(ids)
 
 
 def _selection(select: Any) -> Hashable | None:
