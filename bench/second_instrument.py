@@ -4,16 +4,16 @@
 
 The quickstart model (examples/quickstart_torch.py, ``select="relu*"``, 4x3x32x32) is
 instrumented once (traced on its first call), then a fresh instrumented model of the same
-model and selection is built, called once and closed, ``--reps`` times; the median of that
-against the median of one plain forward is the ratio the issue's target bounds (< 1). CPU
-time (every thread of the process) is printed beside wall time: on a busy machine it is
-the steadier witness.
-Both to disk, as the quickstart does (``path=``), and in memory (``path=None``). To disk,
-the instrument's own share is what it costs beyond the floor: a plain forward with forward
-hooks on the same modules and ``safetensors.torch.save_file`` of their outputs to a new
-file of the same directory. Every sample's files are removed before the next, so both
-write into the same page-cache state (kept files pile up dirty pages, and once the kernel
-throttles, a 1.8 MB write costs 4.5 ms instead of 0.7 ms on this machine).
+model and selection is built, called once and closed, ``--reps`` times. Its own share (the
+median of that, less the median of its baseline) against the median of one plain forward
+is the ratio the issue's target bounds (< 1). In memory (``path=None``) the baseline is the
+plain forward; to disk (``path=``, as the quickstart does) it is the floor: the forward
+with forward hooks that clone the same outputs and ``safetensors.torch.save_file`` of them
+to a new file of the same directory, its values checked equal to clouseau's before timing.
+Every sample's files are removed before the next, so both write into the same page-cache
+state (kept files pile up dirty pages, and once the kernel throttles, a 1.8 MB write costs
+4.5 ms instead of 0.7 ms on this machine). CPU time (every thread of the process) is
+printed beside wall time: on a busy machine it is the steadier witness.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ import time
 from fnmatch import fnmatch
 from pathlib import Path
 
+import numpy as np
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 import clouseau
 
@@ -53,10 +54,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         with clouseau.instrument(model, select="relu*", path=Path(tmp) / "first") as fmodel:
             fmodel(x)  # the first instrument traces
-            names = tuple(fmodel.captured.names())
+            captured = [fmodel.captured[n] for n in fmodel.captured.names()]
         relus = tuple(
             m for n, m in model.named_modules() if n and fnmatch(n.rsplit(".", 1)[-1], "relu*")
         )
+        _floor(model, relus, x, Path(tmp) / "check")  # the floor saves what clouseau saved
+        floor = load_file(str(Path(tmp) / "check" / "activations.safetensors"))
+        assert len(floor) == len(captured), (len(floor), len(captured))
+        for k, value in enumerate(captured):
+            assert np.array_equal(floor[str(k)].numpy(), value), f"value {k} differs"
         labels = ("forward", "floor", "path=DIR", "path=None")
         wall: dict[str, list[float]] = {k: [] for k in labels}
         cpu: dict[str, list[float]] = {k: [] for k in labels}
@@ -73,7 +79,7 @@ def main() -> None:
                 wall[label].append(time.perf_counter() - t0)
                 cpu[label].append(time.process_time() - c0)
                 shutil.rmtree(where, ignore_errors=True)
-    print(f"{len(names)} points saved per call")
+    print(f"{len(captured)} points saved per call, equal to the floor's")
     med = {k: (statistics.median(wall[k]), statistics.median(cpu[k])) for k in labels}
     (f, fc), (floor, floorc) = med["forward"], med["floor"]
     print(f"plain forward: {f * 1e3:.2f} ms (CPU {fc * 1e3:.2f} ms)")
